@@ -1,0 +1,33 @@
+# The two commands of the README, and the tools behind them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv with pinned dependencies (CPU torch)
+
+demo: setup  ## the end-to-end demo on the embedded default
+	$(BIN)/labeldp mechanism preview --mechanism rr-on-bins --epsilon 1 \
+	    --input examples/randhie-meddol-prior.json
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: setup lint  ## lint, type-check and run every test (starts Postgres if it is down)
+	scripts/ensure-postgres
+	$(BIN)/pytest
+
+bench: setup  ## mechanism benchmarks; writes bench/results/
+	$(BIN)/python -m bench.mechanisms
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

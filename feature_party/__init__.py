@@ -1,0 +1,1 @@
+"""The features party (the publisher): features, received releases, training."""

@@ -1,0 +1,1 @@
+"""The labels party (the advertiser): raw labels, the ε budget, randomized releases."""

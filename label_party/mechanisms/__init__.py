@@ -1,0 +1,1 @@
+"""Label randomizers: pure numpy/scipy/highspy functions, no I/O (DESIGN.md §4)."""

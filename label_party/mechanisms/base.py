@@ -1,0 +1,283 @@
+"""The contract every label mechanism fulfils, and the pieces they all share.
+
+A mechanism is configured by public parameters, fitted to a (private, already
+noisy) prior and an ε, and then samples noisy labels (DESIGN.md §4). Two shapes:
+
+* :class:`FiniteMechanism` — a transition matrix ``M[y, o]`` from a finite,
+  sorted set of input values to a finite set of outputs. Its privacy is checkable
+  entry by entry: ``M[y', o] ≤ e^ε · M[y, o]`` for all ``y, y', o``.
+* :class:`ContinuousMechanism` — additive noise with a density; the loss and bias
+  are computed analytically.
+
+Neighbouring relation throughout: two datasets differ in the label of one example
+(feature-oblivious label DP, Definition 3 of ``rr-on-bins-regression.txt``).
+
+Everything here is pure: numpy in, numpy out, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+Loss = Literal["squared", "absolute", "poisson", "zero-one"]
+LOSSES: tuple[str, ...] = get_args(Loss)
+
+#: Labels are randomized in chunks of this many rows so that working memory stays
+#: bounded whatever the number of labels.
+DEFAULT_CHUNK = 1 << 20
+
+
+class MechanismError(ValueError):
+    """A mechanism was asked for something its parameters do not allow."""
+
+
+def secure_generator() -> np.random.Generator:
+    """A generator seeded with 128 fresh bits from the OS (DESIGN.md §3.5).
+
+    Release code must use this; only tests pass their own generator.
+    """
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def check_epsilon(epsilon: float) -> float:
+    """Return ``epsilon`` as a float if it is a finite positive number."""
+    eps = float(epsilon)
+    if not math.isfinite(eps) or eps <= 0:
+        raise MechanismError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    return eps
+
+
+def pointwise_loss(prediction: FloatArray, label: FloatArray, loss: Loss) -> FloatArray:
+    """ℓ(ŷ, y) elementwise, broadcasting.
+
+    squared ``(ŷ − y)²`` (no ½, the papers' "MSE (Mechanism)"); absolute ``|ŷ − y|``;
+    Poisson ``ŷ − y·log ŷ`` (the negative log-likelihood up to a term in y only);
+    a non-positive ŷ has infinite Poisson loss; zero-one ``1[ŷ ≠ y]`` for classes.
+    """
+    if loss == "squared":
+        return np.square(prediction - label)
+    if loss == "absolute":
+        return np.abs(prediction - label)
+    if loss == "poisson":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_pred = np.where(
+                prediction > 0, np.log(np.where(prediction > 0, prediction, 1.0)), -np.inf
+            )
+            out = prediction - label * log_pred
+        # 0·log(0) is 0: a zero label pays only ŷ.
+        return np.where(label == 0, prediction, out)
+    if loss == "zero-one":
+        return (prediction != label).astype(np.float64)
+    raise MechanismError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
+
+
+def validate_prior(values: FloatArray, prior: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Check a (values, prior) pair: strictly increasing finite values, a probability vector."""
+    v = np.asarray(values, dtype=np.float64)
+    p = np.asarray(prior, dtype=np.float64)
+    if v.ndim != 1 or v.size == 0:
+        raise MechanismError("values must be a non-empty list of numbers")
+    if p.shape != v.shape:
+        raise MechanismError(f"prior has {p.size} entries but there are {v.size} values")
+    if not np.all(np.isfinite(v)):
+        raise MechanismError("values must be finite numbers")
+    if np.any(np.diff(v) <= 0):
+        raise MechanismError("values must be sorted in increasing order without duplicates")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise MechanismError("prior entries must be finite and non-negative")
+    if abs(float(p.sum()) - 1.0) > 1e-9:
+        raise MechanismError(f"prior must sum to one (within 1e-9), it sums to {p.sum():.12g}")
+    return v, p
+
+
+@dataclass(frozen=True)
+class FitRequest:
+    """Everything a mechanism may be fitted to.
+
+    ``values`` is the declared label grid (sorted); ``prior`` a probability vector
+    over it that is already ε₁-DP (or public). For ``rr-with-prior`` the prior is
+    the per-example prior over class indices. ``domain`` is the declared label range
+    (defaults to the ends of ``values``); ``params`` the mechanism's own options.
+    """
+
+    epsilon: float
+    values: FloatArray
+    prior: FloatArray
+    loss: Loss = "squared"
+    domain: tuple[float, float] | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        if self.domain is not None:
+            return self.domain
+        return float(self.values[0]), float(self.values[-1])
+
+
+class Mechanism(ABC):
+    """What a release needs from any mechanism."""
+
+    name: str
+    epsilon: float
+
+    @abstractmethod
+    def sample(
+        self,
+        labels: FloatArray,
+        *,
+        rng: np.random.Generator | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ) -> FloatArray:
+        """Noisy labels for ``labels``, drawn independently per label."""
+
+    @abstractmethod
+    def noisy_label_loss(self, values: FloatArray, prior: FloatArray, loss: Loss) -> float:
+        """E[ℓ(M(y), y)] with y drawn from ``prior`` over ``values``."""
+
+    @abstractmethod
+    def bias(self, values: FloatArray) -> FloatArray:
+        """E[M(y)] − y for each of ``values``."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Public description: enough for the features party to post-process."""
+
+
+@dataclass(frozen=True, eq=False)
+class FiniteMechanism(Mechanism):
+    """A mechanism given by its transition matrix.
+
+    ``matrix[i, j]`` is the probability of output ``outputs[j]`` when the label is
+    ``inputs[i]``. Sampling uses one ``searchsorted`` over the row-offset CDFs, so
+    a chunk of labels is randomized with no Python loop over labels or rows.
+    """
+
+    name: str
+    epsilon: float
+    inputs: FloatArray
+    outputs: FloatArray
+    matrix: FloatArray
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        k, m = self.matrix.shape
+        if self.inputs.shape != (k,) or self.outputs.shape != (m,):
+            raise MechanismError("matrix shape does not match inputs and outputs")
+
+    # -- analysis ---------------------------------------------------------------
+
+    def dp_ratio(self) -> float:
+        """max over o of max_y M[y, o] / min_y M[y, o]; ε-DP iff ≤ e^ε."""
+        col_max = self.matrix.max(axis=0)
+        col_min = self.matrix.min(axis=0)
+        used = col_max > 0
+        if np.any(col_min[used] <= 0):
+            return math.inf
+        return float(np.max(col_max[used] / col_min[used]))
+
+    def noisy_label_loss(self, values: FloatArray, prior: FloatArray, loss: Loss) -> float:
+        idx = self.input_index(np.asarray(values, dtype=np.float64))
+        rows = self.matrix[idx]
+        cost = pointwise_loss(self.outputs[None, :], self.inputs[idx][:, None], loss)
+        with np.errstate(invalid="ignore"):
+            per_value = np.where(rows > 0, rows * cost, 0.0).sum(axis=1)
+        return float(np.dot(np.asarray(prior, dtype=np.float64), per_value))
+
+    def bias(self, values: FloatArray | None = None) -> FloatArray:
+        idx = (
+            np.arange(self.inputs.size)
+            if values is None
+            else self.input_index(np.asarray(values, dtype=np.float64))
+        )
+        result: FloatArray = self.matrix[idx] @ self.outputs - self.inputs[idx]
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "epsilon": self.epsilon,
+            "params": self.params,
+            "inputs": self.inputs.tolist(),
+            "outputs": self.outputs.tolist(),
+            "matrix": self.matrix.tolist(),
+        }
+
+    # -- sampling ---------------------------------------------------------------
+
+    def input_index(self, labels: FloatArray) -> IntArray:
+        """Row of each label in ``inputs``; every label must be one of them exactly."""
+        labels = np.asarray(labels, dtype=np.float64)
+        idx = np.searchsorted(self.inputs, labels)
+        np.clip(idx, 0, self.inputs.size - 1, out=idx)
+        if not np.array_equal(self.inputs[idx], labels):
+            raise MechanismError("labels must be values of the mechanism's input set")
+        return idx.astype(np.int64)
+
+    @cached_property
+    def _flat_cdf(self) -> FloatArray:
+        # Row i's CDF shifted by i: the flattened array is non-decreasing, so one
+        # searchsorted of (i + u) lands inside row i.
+        cdf = np.cumsum(self.matrix, axis=1)
+        cdf[:, -1] = 1.0
+        offset: FloatArray = (cdf + np.arange(cdf.shape[0])[:, None]).ravel()
+        return offset
+
+    def sample_indices(
+        self,
+        rows: IntArray,
+        *,
+        rng: np.random.Generator | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ) -> IntArray:
+        """Output column for each input row index, in chunks of ``chunk_size``."""
+        rng = rng or secure_generator()
+        rows = np.asarray(rows, dtype=np.int64)
+        flat = self._flat_cdf
+        m = self.outputs.size
+        out = np.empty(rows.size, dtype=np.int64)
+        for start in range(0, rows.size, chunk_size):
+            r = rows[start : start + chunk_size]
+            keys = rng.random(r.size)
+            keys += r
+            pos = np.searchsorted(flat, keys, side="right")
+            out[start : start + r.size] = pos - r * m
+        return out
+
+    def sample(
+        self,
+        labels: FloatArray,
+        *,
+        rng: np.random.Generator | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ) -> FloatArray:
+        rng = rng or secure_generator()
+        labels = np.asarray(labels, dtype=np.float64)
+        out = np.empty(labels.size, dtype=np.float64)
+        for start in range(0, labels.size, chunk_size):
+            chunk = labels[start : start + chunk_size]
+            cols = self.sample_indices(self.input_index(chunk), rng=rng, chunk_size=chunk_size)
+            out[start : start + chunk.size] = self.outputs[cols]
+        return out
+
+
+class ContinuousMechanism(Mechanism):
+    """Additive-noise mechanisms: ``describe()`` carries the noise parameters."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "epsilon": self.epsilon, "params": self.params()}
+
+    @abstractmethod
+    def params(self) -> dict[str, Any]:
+        """The public noise parameters."""

@@ -1,0 +1,68 @@
+"""``mechanism preview``: fit a mechanism to a given prior and describe it.
+
+The CLI (``labeldp mechanism preview``) and ``POST /v1/mechanisms/preview`` both
+call :func:`preview`; no data and no budget are involved — the prior is supplied
+by the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from label_party.mechanisms.base import (
+    LOSSES,
+    FiniteMechanism,
+    Loss,
+    MechanismError,
+    validate_prior,
+)
+from label_party.mechanisms.registry import fit, get_spec
+
+
+def preview(
+    *,
+    mechanism: str,
+    epsilon: float,
+    values: Sequence[float],
+    prior: Sequence[float],
+    loss: str | None = None,
+    mesh: int | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Fit ``mechanism`` and report outputs, matrix, noisy-label loss and bias.
+
+    ``noisy_label_loss`` is E[ℓ(ŷ, y)] with y drawn from ``prior``; ``max_abs_bias``
+    is max over ``values`` of |E[M(y)] − y|. Continuous mechanisms report ``None``
+    for ``outputs`` and ``matrix``. ``seconds`` is the fitting time only.
+    """
+    spec = get_spec(mechanism)
+    chosen: str = loss or ("zero-one" if spec.task == "classification" else "squared")
+    if chosen not in LOSSES:
+        raise MechanismError(f"unknown loss {chosen!r}; expected one of {', '.join(LOSSES)}")
+    v, p = validate_prior(np.asarray(values, dtype=np.float64), np.asarray(prior, dtype=np.float64))
+    if chosen == "poisson" and v[0] <= 0:
+        raise MechanismError("the Poisson loss needs positive values")
+    options = dict(params or {})
+    if mesh is not None:
+        if mesh < 2:
+            raise MechanismError(f"mesh must be at least 2, got {mesh}")
+        options["mesh"] = mesh
+    loss_name: Loss = chosen  # type: ignore[assignment]
+    start = time.perf_counter()
+    fitted = fit(mechanism, epsilon=epsilon, values=v, prior=p, loss=loss_name, params=options)
+    seconds = time.perf_counter() - start
+    finite = isinstance(fitted, FiniteMechanism)
+    return {
+        "mechanism": mechanism,
+        "epsilon": float(epsilon),
+        "loss": chosen,
+        "outputs": fitted.outputs.tolist() if finite else None,
+        "matrix": fitted.matrix.tolist() if finite else None,
+        "noisy_label_loss": fitted.noisy_label_loss(v, p, loss_name),
+        "max_abs_bias": float(np.max(np.abs(fitted.bias(v)))),
+        "seconds": seconds,
+    }

@@ -1,0 +1,140 @@
+"""Every mechanism by its public name, and how to fit one.
+
+A release and ``labeldp mechanism preview`` both go through :func:`fit`, so the
+name a user types means the same mechanism everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from label_party.mechanisms import additive, classification, rounding, rr_on_bins, unbiased
+from label_party.mechanisms.base import (
+    FitRequest,
+    FloatArray,
+    Loss,
+    Mechanism,
+    MechanismError,
+    check_epsilon,
+)
+
+Task = Literal["regression", "classification"]
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    name: str
+    task: Task
+    finite: bool
+    factory: Callable[[FitRequest], Mechanism]
+    summary: str
+    #: The mechanism's randomization uses a prior (so a release spends ε₁ on one).
+    uses_prior: bool = False
+
+
+MECHANISMS: dict[str, MechanismSpec] = {
+    spec.name: spec
+    for spec in [
+        MechanismSpec(
+            "rr-on-bins",
+            "regression",
+            True,
+            rr_on_bins.from_request,
+            "optimal ε-DP randomizer for the loss (Ghazi et al., Theorem 5)",
+            uses_prior=True,
+        ),
+        MechanismSpec(
+            "unbiased",
+            "regression",
+            True,
+            unbiased.from_request,
+            "optimal unbiased randomizer by LP (Badanidiyuru et al., Algorithm 1)",
+            uses_prior=True,
+        ),
+        MechanismSpec(
+            "debiased-rr",
+            "regression",
+            True,
+            unbiased.debiased_rr_from_request,
+            "debiased randomized response (Definition 23)",
+        ),
+        MechanismSpec(
+            "laplace",
+            "regression",
+            False,
+            additive.laplace_from_request,
+            "additive Laplace noise, scale (max−min)/ε; clip=true projects back",
+        ),
+        MechanismSpec(
+            "staircase",
+            "regression",
+            False,
+            additive.staircase_from_request,
+            "additive staircase noise (Geng & Viswanath 2014)",
+        ),
+        MechanismSpec(
+            "exponential",
+            "regression",
+            False,
+            additive.exponential_from_request,
+            "exponential mechanism on the domain with score −|ŷ−y| (Appendix F)",
+        ),
+        MechanismSpec(
+            "randomized-rounding",
+            "regression",
+            True,
+            rounding.from_request,
+            "unbiased randomized rounding onto a grid (not private by itself)",
+        ),
+        MechanismSpec(
+            "rr",
+            "classification",
+            True,
+            classification.rr_from_request,
+            "K-ary randomized response",
+        ),
+        MechanismSpec(
+            "rr-with-prior",
+            "classification",
+            True,
+            classification.rr_with_prior_from_request,
+            "RRTop-k with k* chosen from the example's prior (Ghazi et al. 2021)",
+            uses_prior=True,
+        ),
+    ]
+}
+
+
+def get_spec(name: str) -> MechanismSpec:
+    try:
+        return MECHANISMS[name]
+    except KeyError:
+        known = ", ".join(sorted(MECHANISMS))
+        raise MechanismError(f"unknown mechanism {name!r}; known: {known}") from None
+
+
+def fit(
+    name: str,
+    *,
+    epsilon: float,
+    values: FloatArray,
+    prior: FloatArray,
+    loss: Loss = "squared",
+    domain: tuple[float, float] | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> Mechanism:
+    """Fit mechanism ``name`` at ``epsilon`` to ``prior`` over ``values``."""
+    spec = get_spec(name)
+    request = FitRequest(
+        epsilon=check_epsilon(epsilon),
+        values=np.asarray(values, dtype=np.float64),
+        prior=np.asarray(prior, dtype=np.float64),
+        loss=loss,
+        domain=domain,
+        params=dict(params or {}),
+    )
+    return spec.factory(request)

@@ -1,0 +1,7 @@
+"""Placeholder: being written."""
+
+from label_party.mechanisms.base import FitRequest, Mechanism
+
+
+def from_request(request: FitRequest) -> Mechanism:
+    raise NotImplementedError

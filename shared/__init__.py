@@ -1,0 +1,1 @@
+"""What both parties import: protocol schemas, codecs, settings, logging."""

@@ -1,0 +1,106 @@
+"""One contract, every finite mechanism: a proper transition matrix, ε-DP entry by
+entry, and a sampler that draws from exactly that matrix."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from label_party.mechanisms.base import FiniteMechanism
+from label_party.mechanisms.registry import MECHANISMS, fit
+
+RNG_SEED = 20261122
+
+
+def _prior(k: int, seed: int) -> np.ndarray:
+    p = np.random.default_rng(seed).dirichlet(np.full(k, 0.7))
+    return p / p.sum()
+
+
+VALUES_52 = np.arange(1.0, 53.0)
+VALUES_IRREGULAR = np.array([0.0, 0.5, 2.0, 3.0, 7.5, 10.0, 30.0])
+CLASS_VALUES = np.arange(5.0)
+
+# (mechanism, epsilon, values, prior, loss, params)
+CASES: list[tuple[str, float, np.ndarray, np.ndarray, str, dict[str, Any]]] = [
+    ("rr-on-bins", 1.0, VALUES_52, _prior(52, 1), "squared", {}),
+    ("rr-on-bins", 0.1, VALUES_IRREGULAR, _prior(7, 2), "absolute", {}),
+    ("rr-on-bins", 3.0, VALUES_IRREGULAR + 1, _prior(7, 3), "poisson", {}),
+    ("unbiased", 1.0, VALUES_IRREGULAR, _prior(7, 4), "squared", {"mesh": 40}),
+    ("unbiased", 0.3, np.arange(0.0, 10.0), _prior(10, 5), "squared", {"mesh": 30}),
+    ("debiased-rr", 1.0, VALUES_IRREGULAR, _prior(7, 6), "squared", {}),
+    ("rr", 1.0, CLASS_VALUES, _prior(5, 7), "zero-one", {}),
+    ("rr-with-prior", 2.0, CLASS_VALUES, _prior(5, 8), "zero-one", {}),
+]
+PRIVATE_FINITE = sorted(n for n, s in MECHANISMS.items() if s.finite and n != "randomized-rounding")
+
+
+def _ids(case: tuple[Any, ...]) -> str:
+    return f"{case[0]}-eps{case[1]}-{case[4]}"
+
+
+def test_every_finite_private_mechanism_has_a_contract_case() -> None:
+    assert {c[0] for c in CASES} == set(PRIVATE_FINITE)
+
+
+@pytest.fixture(params=CASES, ids=_ids)
+def fitted(request: pytest.FixtureRequest) -> tuple[FiniteMechanism, np.ndarray]:
+    name, eps, values, prior, loss, params = request.param
+    mech = fit(name, epsilon=eps, values=values, prior=prior, loss=loss, params=params)
+    assert isinstance(mech, FiniteMechanism)
+    return mech, prior
+
+
+class TestFiniteMechanismContract:
+    def test_rows_are_probability_vectors(self, fitted: tuple[FiniteMechanism, np.ndarray]) -> None:
+        mech, _ = fitted
+        assert np.all(mech.matrix >= 0)
+        np.testing.assert_allclose(mech.matrix.sum(axis=1), 1.0, atol=1e-9)
+
+    def test_dp_ratio_holds_entry_by_entry(
+        self, fitted: tuple[FiniteMechanism, np.ndarray]
+    ) -> None:
+        mech, _ = fitted
+        bound = math.exp(mech.epsilon) * (1 + 1e-12)
+        m = mech.matrix
+        # M[y', o] <= e^eps * M[y, o] for all y, y', o  <=>  colmax <= e^eps * colmin
+        assert np.all(m.max(axis=0) <= bound * m.min(axis=0) + 1e-300)
+        assert mech.dp_ratio() <= bound
+
+    def test_samples_follow_the_matrix(self, fitted: tuple[FiniteMechanism, np.ndarray]) -> None:
+        mech, _ = fitted
+        rng = np.random.default_rng(RNG_SEED)
+        k = mech.inputs.size
+        rows = rng.integers(0, k, size=1_000_000)
+        cols = mech.sample_indices(rows, rng=rng, chunk_size=300_000)
+        observed = np.zeros_like(mech.matrix)
+        np.add.at(observed, (rows, cols), 1.0)
+        expected = mech.matrix * np.bincount(rows, minlength=k)[:, None]
+        assert np.all(observed[expected == 0] == 0), "sampled an output of probability zero"
+        keep = expected > 5
+        # Pool the sparse cells so the chi-square approximation holds.
+        obs = np.append(observed[keep], observed[~keep].sum())
+        exp = np.append(expected[keep], expected[~keep].sum())
+        if exp[-1] == 0:
+            obs, exp = obs[:-1], exp[:-1]
+        _, pvalue = stats.chisquare(obs, exp * obs.sum() / exp.sum())
+        assert pvalue > 1e-4
+
+    def test_sample_maps_values_to_outputs(
+        self, fitted: tuple[FiniteMechanism, np.ndarray]
+    ) -> None:
+        mech, _ = fitted
+        labels = np.repeat(mech.inputs, 3)
+        noisy = mech.sample(labels, rng=np.random.default_rng(1))
+        assert noisy.shape == labels.shape
+        assert np.isin(noisy, mech.outputs).all()
+
+    def test_bias_is_expected_output_minus_input(
+        self, fitted: tuple[FiniteMechanism, np.ndarray]
+    ) -> None:
+        mech, _ = fitted
+        np.testing.assert_allclose(mech.bias(), mech.matrix @ mech.outputs - mech.inputs)
