@@ -79,7 +79,7 @@ def pointwise_loss(prediction: FloatArray, label: FloatArray, loss: Loss) -> Flo
         # 0·log(0) is 0: a zero label pays only ŷ.
         return np.where(label == 0, prediction, out)
     if loss == "zero-one":
-        return (prediction != label).astype(np.float64)
+        return np.not_equal(prediction, label).astype(np.float64)
     raise MechanismError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
 
 

@@ -55,13 +55,15 @@ def preview(
     start = time.perf_counter()
     fitted = fit(mechanism, epsilon=epsilon, values=v, prior=p, loss=loss_name, params=options)
     seconds = time.perf_counter() - start
-    finite = isinstance(fitted, FiniteMechanism)
+    outputs = matrix = None
+    if isinstance(fitted, FiniteMechanism):
+        outputs, matrix = fitted.outputs.tolist(), fitted.matrix.tolist()
     return {
         "mechanism": mechanism,
         "epsilon": float(epsilon),
         "loss": chosen,
-        "outputs": fitted.outputs.tolist() if finite else None,
-        "matrix": fitted.matrix.tolist() if finite else None,
+        "outputs": outputs,
+        "matrix": matrix,
         "noisy_label_loss": fitted.noisy_label_loss(v, p, loss_name),
         "max_abs_bias": float(np.max(np.abs(fitted.bias(v)))),
         "seconds": seconds,

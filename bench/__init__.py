@@ -1,0 +1,1 @@
+"""Benchmarks: run with ``make bench``; results and write-up in bench/README.md."""
