@@ -1,0 +1,99 @@
+"""The wire contract between the two parties (DESIGN.md §6).
+
+Both services and the Python client import these models, so a field means the
+same thing on each side. Evolution rule (as in dp_accounting): never remove a
+field, never change its meaning; only add optional ones.
+
+Privacy amounts are :class:`decimal.Decimal` inside (exact ledger arithmetic,
+DESIGN.md §3.4) and JSON numbers on the wire.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+
+#: An ε or δ amount: exact decimal in Python, a JSON number on the wire.
+PrivacyAmount = Annotated[
+    Decimal, PlainSerializer(lambda d: float(d), return_type=float, when_used="json")
+]
+
+PARQUET_MEDIA_TYPE = "application/vnd.apache.parquet"
+
+Task = Literal["regression", "classification"]
+
+
+class ErrorBody(BaseModel):
+    """Every error response: a stable code, a human message, optional detail."""
+
+    error: str
+    message: str
+    detail: Any = None
+
+
+class MechanismChoice(BaseModel):
+    """A release request's mechanism: its registry name plus its own options.
+
+    Options other than ``name`` and ``loss`` are passed to the mechanism as
+    parameters (``mesh``, ``clip``, …).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    loss: Literal["squared", "absolute", "poisson", "zero-one"] | None = None
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ReleaseCreate(BaseModel):
+    """``POST /v1/datasets/{id}/releases``.
+
+    ``epsilon`` is everything the release spends, its private prior included;
+    ``prior_epsilon`` sets the split (default ``min(√(k/n), ε/2)`` for mechanisms
+    that use a prior).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    mechanism: MechanismChoice
+    epsilon: PrivacyAmount = Field(gt=0)
+    prior_epsilon: PrivacyAmount | None = Field(default=None, ge=0)
+    parts: list[str] | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class MechanismDescription(BaseModel):
+    """The public description of a fitted mechanism: what the features party needs
+    to post-process (debias) the noisy labels. Finite mechanisms carry their
+    input grid, outputs and transition matrix; additive ones their noise
+    parameters in ``params``."""
+
+    name: str
+    epsilon: float
+    params: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[float] | None = None
+    outputs: list[float] | None = None
+    matrix: list[list[float]] | None = None
+
+
+class ReleaseRead(BaseModel):
+    """A release manifest. ``sha256`` is the hash of the Parquet file's bytes as
+    served by ``GET /v1/releases/{id}/labels?format=parquet``."""
+
+    id: str
+    dataset_id: str
+    epsilon: PrivacyAmount
+    delta: PrivacyAmount = Decimal(0)
+    prior_epsilon: PrivacyAmount = Decimal(0)
+    mechanism: MechanismDescription
+    prior: list[float] | None = None
+    num_labels: int
+    sha256: str
+    parts: list[str] | None = None
+    idempotency_key: str | None = None
+    created_at: datetime
