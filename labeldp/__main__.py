@@ -1,0 +1,7 @@
+"""``python -m labeldp`` is the ``labeldp`` command."""
+
+import sys
+
+from labeldp.cli import main
+
+sys.exit(main())
