@@ -193,7 +193,9 @@ class FiniteMechanism(Mechanism):
         cost = pointwise_loss(self.outputs[None, :], self.inputs[idx][:, None], loss)
         with np.errstate(invalid="ignore"):
             per_value = np.where(rows > 0, rows * cost, 0.0).sum(axis=1)
-        return float(np.dot(np.asarray(prior, dtype=np.float64), per_value))
+        weights = np.asarray(prior, dtype=np.float64)
+        used = weights > 0  # a zero-probability value may have infinite loss: 0·∞ is 0 here
+        return float(np.dot(weights[used], per_value[used]))
 
     def bias(self, values: FloatArray | None = None) -> FloatArray:
         idx = (
