@@ -1,0 +1,294 @@
+"""ε-dbRR, Algorithm 2's grid and the optimal unbiased randomizer (Algorithm 1).
+
+The optimum is checked against the paper's LP written out in full, with every
+pairwise DP row ``M[y', o] ≤ e^ε·M[y, o]``, solved here independently with HiGHS.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import highspy
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from label_party.mechanisms.base import FiniteMechanism, FitRequest, MechanismError
+from label_party.mechanisms.registry import fit
+from label_party.mechanisms.unbiased import (
+    MAX_MESH,
+    debiased_rr,
+    debiased_rr_from_request,
+    default_mesh,
+    feasible_output_set,
+    from_request,
+    optimal_unbiased,
+    solve_unbiased,
+)
+
+VALUES_IRREGULAR = np.array([0.0, 0.5, 2.0, 3.0, 7.5, 10.0, 30.0])
+
+
+def _dirichlet(k: int, seed: int, alpha: float = 0.7) -> np.ndarray:
+    p = np.random.default_rng(seed).dirichlet(np.full(k, alpha))
+    return p / p.sum()
+
+
+def _point_mass(k: int, i: int) -> np.ndarray:
+    p = np.zeros(k)
+    p[i] = 1.0
+    return p
+
+
+def _assert_dp(m: np.ndarray, epsilon: float) -> None:
+    bound = math.exp(epsilon) * (1 + 1e-12)
+    assert np.all(m >= 0)
+    assert np.all(m.max(axis=0) <= bound * m.min(axis=0))
+
+
+def _assert_unbiased(mech: FiniteMechanism) -> None:
+    width = mech.inputs[-1] - mech.inputs[0]
+    np.testing.assert_allclose(mech.matrix.sum(axis=1), 1.0, atol=1e-12)
+    assert np.max(np.abs(mech.matrix @ mech.outputs - mech.inputs)) <= 1e-7 * width
+
+
+def _all_pairs_lp(values: np.ndarray, prior: np.ndarray, epsilon: float, grid: np.ndarray) -> float:
+    """Algorithm 1 as printed: variables M[y, o], all k(k−1)·|O| DP rows."""
+    k, n = values.size, grid.size
+    e = math.exp(epsilon)
+    var = np.arange(k * n).reshape(k, n)  # M[y, o] is variable y·n + o
+    rows = []
+    rows.append(sp.csr_matrix((np.ones(k * n), (np.repeat(np.arange(k), n), var.ravel()))))
+    rows.append(
+        sp.csr_matrix(
+            (np.tile(grid, k), (np.repeat(np.arange(k), n), var.ravel())), shape=(k, k * n)
+        )
+    )
+    pairs = [(y, z) for y in range(k) for z in range(k) if y != z]
+    r = np.arange(len(pairs) * n)
+    yy = np.repeat([y for y, _ in pairs], n)
+    zz = np.repeat([z for _, z in pairs], n)
+    oo = np.tile(np.arange(n), len(pairs))
+    dp = sp.csr_matrix(
+        (
+            np.concatenate([np.ones(r.size), np.full(r.size, -e)]),
+            (np.concatenate([r, r]), np.concatenate([var[zz, oo], var[yy, oo]])),
+        ),
+        shape=(r.size, k * n),
+    )
+    a = sp.vstack([rows[0], rows[1], dp]).tocsc()
+    lp = highspy.HighsLp()
+    lp.num_col_ = k * n
+    lp.num_row_ = a.shape[0]
+    lp.col_cost_ = (prior[:, None] * np.square(grid[None, :] - values[:, None])).ravel()
+    lp.col_lower_ = np.zeros(k * n)
+    lp.col_upper_ = np.full(k * n, highspy.kHighsInf)
+    lp.row_lower_ = np.concatenate([np.ones(k), values, np.full(r.size, -highspy.kHighsInf)])
+    lp.row_upper_ = np.concatenate([np.ones(k), values, np.zeros(r.size)])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = a.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = a.indices.astype(np.int32)
+    lp.a_matrix_.value_ = a.data.astype(np.float64)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("solver", "simplex")
+    h.setOptionValue("primal_feasibility_tolerance", 1e-10)
+    h.setOptionValue("dual_feasibility_tolerance", 1e-10)
+    h.passModel(lp)
+    h.run()
+    assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    return float(h.getInfo().objective_function_value)
+
+
+# -- ε-dbRR -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 4.0])
+@pytest.mark.parametrize("values", [np.arange(1.0, 53.0), VALUES_IRREGULAR, np.array([2.0, 5.0])])
+def test_dbrr_is_unbiased_and_dp(values: np.ndarray, epsilon: float) -> None:
+    mech = debiased_rr(values, epsilon=epsilon)
+    k, e = values.size, math.exp(epsilon)
+    # Definition 23, written out independently.
+    phi = ((e + k - 1) * values - values.sum()) / (e - 1)
+    np.testing.assert_allclose(mech.outputs, phi, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(np.diag(mech.matrix), e / (e + k - 1), rtol=1e-14)
+    off = mech.matrix[~np.eye(k, dtype=bool)]
+    np.testing.assert_allclose(off, 1 / (e + k - 1), rtol=1e-14)
+    _assert_dp(mech.matrix, epsilon)
+    _assert_unbiased(mech)
+    assert np.max(np.abs(mech.bias())) <= 1e-12 * np.max(np.abs(phi))
+
+
+def test_dbrr_takes_no_params() -> None:
+    request = FitRequest(1.0, VALUES_IRREGULAR, _dirichlet(7, 1), params={"mesh": 3})
+    with pytest.raises(MechanismError, match="no parameters"):
+        debiased_rr_from_request(request)
+
+
+# -- Algorithm 2 --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 4.0])
+@pytest.mark.parametrize("mesh", [2, 3, 52, 416])
+def test_feasible_output_set_spans_the_dbrr_outputs(epsilon: float, mesh: int) -> None:
+    values = VALUES_IRREGULAR
+    grid = feasible_output_set(values, epsilon=epsilon, mesh=mesh)
+    phi = debiased_rr(values, epsilon=epsilon).outputs
+    assert grid.size == mesh
+    assert grid[0] == phi.min() and grid[-1] == phi.max()
+    np.testing.assert_allclose(np.diff(grid), (grid[-1] - grid[0]) / (mesh - 1), rtol=1e-9)
+    # Algorithm 2's formulas for L and U.
+    e, k = math.exp(epsilon), values.size
+    lo = ((e + k - 1) * values.min() - values.sum()) / (e - 1)
+    hi = ((e + k - 1) * values.max() - values.sum()) / (e - 1)
+    np.testing.assert_allclose([grid[0], grid[-1]], [lo, hi], rtol=1e-12)
+
+
+@pytest.mark.parametrize("mesh", [1, 0, -3, True, 2.5, "8", MAX_MESH + 1])
+def test_bad_mesh_is_refused(mesh: object) -> None:
+    with pytest.raises(MechanismError, match="mesh"):
+        feasible_output_set(VALUES_IRREGULAR, epsilon=1.0, mesh=mesh)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 4.0])
+def test_lp_is_feasible_at_mesh_2(epsilon: float) -> None:
+    values = VALUES_IRREGULAR
+    mech = optimal_unbiased(values, _dirichlet(7, 3), epsilon=epsilon, mesh=2)
+    _assert_dp(mech.matrix, epsilon)
+    _assert_unbiased(mech)
+    # Only one unbiased mechanism lives on two points: Proposition 7's.
+    lo, hi = feasible_output_set(values, epsilon=epsilon, mesh=2)
+    np.testing.assert_allclose(mech.matrix[:, 0], (hi - values) / (hi - lo), rtol=1e-9)
+
+
+# -- Algorithm 1 --------------------------------------------------------------------
+
+PRIORS = {
+    "dirichlet": lambda k: _dirichlet(k, 11),
+    "uniform": lambda k: np.full(k, 1.0 / k),
+    "point-at-max": lambda k: _point_mass(k, k - 1),
+    "sparse": lambda k: _dirichlet(k, 12, alpha=0.05),
+}
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 4.0])
+@pytest.mark.parametrize("prior_name", sorted(PRIORS))
+def test_optimal_unbiased_is_unbiased_and_dp(prior_name: str, epsilon: float) -> None:
+    values = np.arange(1.0, 21.0)
+    prior = PRIORS[prior_name](values.size)
+    prior = prior / prior.sum()
+    mech = optimal_unbiased(values, prior, epsilon=epsilon, mesh=80)
+    assert mech.name == "unbiased"
+    _assert_dp(mech.matrix, epsilon)
+    _assert_unbiased(mech)
+    assert np.all(mech.matrix.max(axis=0) > 0), "unused outputs are dropped"
+    assert np.all(np.isin(mech.outputs, feasible_output_set(values, epsilon=epsilon, mesh=80)))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.integers(-10, 30), min_size=2, max_size=6, unique=True),
+    weights=st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6),
+    epsilon=st.sampled_from([0.1, 0.5, 1.0, 2.0, 4.0]),
+    mesh=st.integers(2, 30),
+)
+def test_loss_equals_the_all_pairs_lp(
+    values: list[int], weights: list[float], epsilon: float, mesh: int
+) -> None:
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    w = np.asarray(weights[: v.size]) + 1e-3
+    prior = w / w.sum()
+    grid = feasible_output_set(v, epsilon=epsilon, mesh=mesh)
+    expected = _all_pairs_lp(v, prior, epsilon, grid)
+    mech = optimal_unbiased(v, prior, epsilon=epsilon, mesh=mesh)
+    got = mech.noisy_label_loss(v, prior, "squared")
+    assert got == pytest.approx(expected, rel=1e-7)
+    _assert_dp(mech.matrix, epsilon)
+    _assert_unbiased(mech)
+
+
+def test_loss_equals_the_all_pairs_lp_fixed_case() -> None:
+    values = VALUES_IRREGULAR[:6]
+    prior = _dirichlet(6, 5)
+    grid = feasible_output_set(values, epsilon=1.0, mesh=30)
+    sol = solve_unbiased(values, prior, epsilon=1.0, outputs=grid)
+    expected = _all_pairs_lp(values, prior, 1.0, grid)
+    assert sol.loss == pytest.approx(expected, rel=1e-7)
+    assert sol.lower_bound <= sol.loss * (1 + 1e-12)
+    assert sol.loss - sol.lower_bound <= 1e-9 * sol.loss
+    # A wrong mechanism would not pass: dbRR is feasible for the LP but worse here.
+    dbrr = debiased_rr(values, epsilon=1.0).noisy_label_loss(values, prior, "squared")
+    assert dbrr > expected * (1 + 1e-3)
+
+
+def test_loss_decreases_as_epsilon_grows_on_a_fixed_output_set() -> None:
+    values = np.arange(0.0, 12.0)
+    prior = _dirichlet(values.size, 9)
+    grid = feasible_output_set(values, epsilon=0.25, mesh=200)  # feasible for all ε ≥ 0.25
+    losses = [
+        solve_unbiased(values, prior, epsilon=eps, outputs=grid).loss
+        for eps in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    ]
+    assert all(b <= a * (1 + 1e-9) for a, b in itertools.pairwise(losses))
+    assert losses[-1] < losses[0] / 10
+
+
+def test_grid_plus_dbrr_is_never_worse_than_dbrr() -> None:
+    values = np.arange(1.0, 11.0)
+    prior = _dirichlet(values.size, 4)
+    mech = optimal_unbiased(values, prior, epsilon=6.0, mesh=3, output_set="grid+dbrr")
+    dbrr = debiased_rr(values, epsilon=6.0)
+    assert mech.noisy_label_loss(values, prior, "squared") <= dbrr.noisy_label_loss(
+        values, prior, "squared"
+    ) * (1 + 1e-9)
+    _assert_unbiased(mech)
+
+
+def test_infeasible_output_set_is_refused() -> None:
+    values = np.arange(0.0, 5.0)
+    narrow = np.linspace(-1.0, 5.0, 20)  # far inside [L, U]: no ε=1 unbiased mechanism
+    with pytest.raises(MechanismError, match="infeasible"):
+        solve_unbiased(values, np.full(5, 0.2), epsilon=1.0, outputs=narrow)
+
+
+def test_single_value_is_returned_as_is() -> None:
+    mech = optimal_unbiased(np.array([3.0]), np.array([1.0]), epsilon=1.0, mesh=10)
+    assert mech.outputs.tolist() == [3.0]
+    assert mech.matrix.tolist() == [[1.0]]
+
+
+# -- the registry entry points -----------------------------------------------------
+
+
+def test_from_request_records_its_params() -> None:
+    values = VALUES_IRREGULAR
+    mech = fit("unbiased", epsilon=1.0, values=values, prior=_dirichlet(7, 2))
+    assert isinstance(mech, FiniteMechanism)
+    assert mech.params == {
+        "mesh": default_mesh(values.size),
+        "output_set": "grid",
+        "objective": "squared",
+    }
+    # The training loss does not change the objective (g = ℓ_sq, §3.1).
+    other = fit("unbiased", epsilon=1.0, values=values, prior=_dirichlet(7, 2), loss="poisson")
+    assert isinstance(other, FiniteMechanism)
+    np.testing.assert_allclose(other.matrix, mech.matrix)
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"mesh": 1}, "mesh"),
+        ({"mesh": "40"}, "mesh"),
+        ({"output_set": "staircase"}, "output_set"),
+        ({"output_set": 3}, "output_set"),
+        ({"grid": 5}, "unknown parameter"),
+    ],
+)
+def test_from_request_refuses_bad_params(params: dict[str, object], match: str) -> None:
+    request = FitRequest(1.0, VALUES_IRREGULAR, _dirichlet(7, 1), params=params)
+    with pytest.raises(MechanismError, match=match):
+        from_request(request)
