@@ -1,0 +1,99 @@
+"""``labeldp mechanism preview`` as a user runs it: the real console entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from label_party.mechanisms.registry import MECHANISMS
+from labeldp.cli import main
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "randhie-meddol-prior.json"
+KEYS = {"mechanism", "epsilon", "outputs", "matrix", "noisy_label_loss", "max_abs_bias", "seconds"}
+
+
+def _write(tmp_path: Path, values: list[float], prior: list[float]) -> Path:
+    path = tmp_path / "prior.json"
+    path.write_text(json.dumps({"values": values, "prior": prior}))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in MECHANISMS.items() if s.task == "regression"))
+def test_every_regression_mechanism_answers_on_a_real_prior(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = ["--param", "grid_size=11"] if name == "randomized-rounding" else []
+    assert main(["mechanism", "preview", "--mechanism", name, "--epsilon", "1",
+                 "--input", str(EXAMPLE), "--json", *params]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert out.keys() >= KEYS
+    assert out["mechanism"] == name
+    if MECHANISMS[name].finite:
+        assert len(out["matrix"]) == len(json.loads(EXAMPLE.read_text())["values"])
+        assert len(out["matrix"][0]) == len(out["outputs"])
+    else:
+        assert out["outputs"] is None and out["matrix"] is None
+    assert out["noisy_label_loss"] >= 0
+
+
+@pytest.mark.parametrize("name", ["rr", "rr-with-prior"])
+def test_classification_mechanisms_take_class_indices(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, [0, 1, 2, 3], [0.6, 0.3, 0.1, 0.0])
+    assert main(["mechanism", "preview", "--mechanism", name, "--epsilon", "2",
+                 "--input", str(path), "--json"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert out["outputs"] == [0, 1, 2, 3]
+    assert 0 <= out["noisy_label_loss"] <= 1
+
+
+def test_unbiased_is_unbiased_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mechanism", "preview", "--mechanism", "unbiased", "--epsilon", "1",
+                 "--mesh", "64", "--input", str(EXAMPLE), "--json"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_abs_bias"] <= 1e-7 * 752
+
+
+@pytest.mark.parametrize(
+    ("values", "prior", "extra", "message"),
+    [
+        ([0, 1], [-0.5, 1.5], [], "non-negative"),
+        ([0, 1], [0.5, 0.6], [], "sum to one"),
+        ([1, 0], [0.5, 0.5], [], "sorted"),
+        ([0, 0], [0.5, 0.5], [], "duplicates"),
+        ([0, 1], [0.5, 0.5], ["--loss", "poisson"], "Poisson"),
+        ([0, 1], [0.5, 0.5], ["--epsilon", "0"], "epsilon"),
+        ([0, 1], [0.5, 0.5], ["--epsilon", "-1"], "epsilon"),
+        ([0, 1], [0.5, 0.5], ["--mechanism", "unbiased", "--mesh", "1"], "mesh"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(
+    values: list[float], prior: list[float], extra: list[str], message: str, tmp_path: Path
+) -> None:
+    path = _write(tmp_path, values, prior)
+    args = ["--mechanism", "rr-on-bins", "--epsilon", "1", "--input", str(path), *extra]
+    proc = subprocess.run(
+        [sys.executable, "-m", "labeldp", "mechanism", "preview", *args],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert message in lines[0]
+
+
+def test_unreadable_input_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["mechanism", "preview", "--mechanism", "rr", "--epsilon", "1",
+                 "--input", str(bad)]) == 2  # fmt: skip
+    assert "not JSON" in capsys.readouterr().err
+    assert main(["mechanism", "preview", "--mechanism", "rr", "--epsilon", "1",
+                 "--input", str(tmp_path / "missing.json")]) == 2  # fmt: skip
