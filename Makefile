@@ -28,6 +28,7 @@ test: setup lint  ## lint, type-check and run every test (starts Postgres if it 
 
 bench: setup  ## mechanism benchmarks; writes bench/results/
 	$(BIN)/python -m bench.mechanisms
+	$(BIN)/python -m bench.bench_training
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from feature_party import cli as feature_cli
 from label_party import cli as label_cli
 
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     label_cli.register(commands)
+    feature_cli.register(commands)
     return parser
 
 
@@ -33,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result: int = args.handler(args)
-    except (label_cli.CommandError, ValueError) as exc:
+    except (label_cli.CommandError, feature_cli.CommandError, ValueError) as exc:
         print(f"labeldp: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

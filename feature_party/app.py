@@ -1,0 +1,55 @@
+"""The features-party HTTP service (``labeldp feature-party serve``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI
+
+from feature_party import exception_handlers
+from feature_party.config import Settings, get_settings
+from feature_party.db import Database, migrate
+from feature_party.deps import require_admin
+from feature_party.feature_sets.endpoints import router as feature_sets_router
+from feature_party.jobs.endpoints import router as jobs_router
+from feature_party.models.endpoints import router as models_router
+from feature_party.received_labels.endpoints import router as received_labels_router
+
+
+def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:
+    """The ASGI app. Migrations run at startup (``run_migrations=False`` when the
+    caller already ran them)."""
+    settings = settings or get_settings()
+    admin_token = settings.require_admin_token()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        database = Database(settings.resolved_database_url)
+        if run_migrations:
+            migrate(database.engine)
+        app.state.database = database
+        try:
+            yield
+        finally:
+            database.dispose()
+
+    app = FastAPI(
+        title="labeldp features party",
+        version="0.1.0",
+        description="Feature sets, received label-DP releases, training jobs and models.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.admin_token = admin_token
+    exception_handlers.install(app)
+    secured = [Depends(require_admin)]
+    for router in (feature_sets_router, received_labels_router, jobs_router, models_router):
+        app.include_router(router, dependencies=secured)
+
+    @app.get("/healthz", tags=["ops"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

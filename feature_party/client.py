@@ -1,0 +1,353 @@
+"""Python client (SDK) of the labels-party API (DESIGN.md §6).
+
+>>> request = ReleaseCreate(mechanism={"name": "rr-on-bins"}, epsilon=1)  # doctest: +SKIP
+>>> with LabelsPartyClient("http://advertiser:8001", token) as lp:  # doctest: +SKIP
+...     release = lp.create_release("ds1", request)
+...     sha = lp.download_labels(release.id, Path("labels.parquet"), expected_sha256=release.sha256)
+
+Every request has a timeout. Requests that are safe to repeat — reads, deletes,
+and release creation, which **always** carries an idempotency key (one key per
+logical call, reused by each retry, so a retried request never spends budget
+twice) — are retried with exponential backoff and jitter on connection errors,
+timeouts and 5xx answers. Other writes are retried only when the connection
+failed before the request was sent.
+
+Exceptions::
+
+    LabelsPartyError
+    ├── LabelsPartyUnavailableError   down, timing out or 5xx after all retries
+    ├── LabelsPartyHTTPError          a 4xx answer (status_code, error, message, detail)
+    │   └── BudgetExceededError       409 budget_exceeded
+    └── ReleaseIntegrityError         downloaded bytes do not hash to the manifest's sha256
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+
+from shared.protocol import PARQUET_MEDIA_TYPE, ReleaseCreate, ReleaseRead
+
+__all__ = [
+    "BudgetExceededError",
+    "LabelsPartyClient",
+    "LabelsPartyError",
+    "LabelsPartyHTTPError",
+    "LabelsPartyUnavailableError",
+    "ReleaseIntegrityError",
+]
+
+
+T = TypeVar("T")
+
+
+class LabelsPartyError(Exception):
+    """Anything that went wrong talking to the labels party."""
+
+
+class LabelsPartyUnavailableError(LabelsPartyError):
+    """The labels party could not be reached or kept failing (after retries)."""
+
+    def __init__(self, message: str, *, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class LabelsPartyHTTPError(LabelsPartyError):
+    """The labels party answered with an error (4xx)."""
+
+    def __init__(self, status_code: int, error: str, message: str, detail: Any = None) -> None:
+        super().__init__(f"{status_code} {error}: {message}")
+        self.status_code = status_code
+        self.error = error
+        self.message = message
+        self.detail = detail
+
+
+class BudgetExceededError(LabelsPartyHTTPError):
+    """The release would exceed the dataset's ε budget; nothing was spent."""
+
+
+class ReleaseIntegrityError(LabelsPartyError):
+    """The downloaded labels do not match the manifest's SHA-256."""
+
+
+class LabelsPartyClient:
+    """Typed client of one labels-party service.
+
+    ``retries`` is the number of *re*-tries (so ``retries + 1`` attempts);
+    the wait before retry ``i`` is uniform in ``[0, min(max_backoff, backoff·2^i)]``.
+    ``transport`` lets tests plug in ``httpx.ASGITransport`` or a mock.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 60.0,
+        retries: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._sleep = sleep
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "labeldp-feature-party"},
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            transport=transport,
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- datasets -----------------------------------------------------------------
+
+    def create_dataset(
+        self,
+        *,
+        name: str,
+        task: str,
+        label_domain: dict[str, Any],
+        epsilon_budget: float,
+        delta_budget: float | None = None,
+    ) -> dict[str, Any]:
+        """``POST /v1/datasets`` → the dataset (``{"id", ...}``)."""
+        body: dict[str, Any] = {
+            "name": name,
+            "task": task,
+            "label_domain": label_domain,
+            "epsilon_budget": epsilon_budget,
+        }
+        if delta_budget is not None:
+            body["delta_budget"] = delta_budget
+        return self._object("POST", "/v1/datasets", json=body, idempotent=False)
+
+    def get_dataset(self, dataset_id: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/datasets/{dataset_id}")
+
+    def upload_labels(
+        self, dataset_id: str, file: Path | bytes, *, filename: str = "labels.parquet"
+    ) -> dict[str, Any]:
+        """``POST /v1/datasets/{id}/labels`` (.csv, .parquet or .jsonl) → ``{"num_labels"}``."""
+
+        def files() -> dict[str, Any]:
+            if isinstance(file, Path):
+                return {"file": (file.name, file.read_bytes())}
+            return {"file": (filename, file)}
+
+        return self._object(
+            "POST", f"/v1/datasets/{dataset_id}/labels", files_factory=files, idempotent=False
+        )
+
+    def get_budget(self, dataset_id: str) -> dict[str, Any]:
+        """``GET /v1/datasets/{id}/budget``: spent and remaining ε (and δ), per part."""
+        return self._object("GET", f"/v1/datasets/{dataset_id}/budget")
+
+    # -- releases -----------------------------------------------------------------
+
+    def create_release(
+        self, dataset_id: str, request: ReleaseCreate | dict[str, Any]
+    ) -> ReleaseRead:
+        """``POST /v1/datasets/{id}/releases``. Spends budget once: an idempotency
+        key is generated when ``request`` has none and reused on every retry.
+        Raises :class:`BudgetExceededError` on 409 ``budget_exceeded``."""
+        req = (
+            request if isinstance(request, ReleaseCreate) else ReleaseCreate.model_validate(request)
+        )
+        if req.idempotency_key is None:
+            req = req.model_copy(update={"idempotency_key": uuid.uuid4().hex})
+        body = req.model_dump(mode="json", exclude_none=True)
+        data = self._json(
+            "POST",
+            f"/v1/datasets/{dataset_id}/releases",
+            json=body,
+            headers={"Idempotency-Key": str(req.idempotency_key)},
+            idempotent=True,
+        )
+        return ReleaseRead.model_validate(data)
+
+    def get_release(self, release_id: str) -> ReleaseRead:
+        return ReleaseRead.model_validate(self._json("GET", f"/v1/releases/{release_id}"))
+
+    def download_labels(
+        self, release_id: str, dest: Path, *, expected_sha256: str | None = None
+    ) -> str:
+        """Stream the release's Parquet to ``dest`` and return its SHA-256. With
+        ``expected_sha256``, a mismatch raises :class:`ReleaseIntegrityError` and
+        leaves nothing at ``dest``."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+
+        def attempt() -> str:
+            digest = hashlib.sha256()
+            with (
+                self._http.stream(
+                    "GET",
+                    f"/v1/releases/{release_id}/labels",
+                    params={"format": "parquet"},
+                    headers={"Accept": PARQUET_MEDIA_TYPE},
+                ) as response,
+                tmp.open("wb") as out,
+            ):
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for(response)
+                for chunk in response.iter_bytes(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+            return digest.hexdigest()
+
+        try:
+            sha = self._retrying(attempt, idempotent=True, what=f"release {release_id} labels")
+            if expected_sha256 is not None and sha != expected_sha256.lower():
+                raise ReleaseIntegrityError(
+                    f"release {release_id}: labels hash to {sha}, the manifest says "
+                    f"{expected_sha256}"
+                )
+            os.replace(tmp, dest)
+            return sha
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- clients, grants, audit -----------------------------------------------------
+
+    def create_client(self, *, name: str, role: str = "client") -> dict[str, Any]:
+        """``POST /v1/clients`` → ``{"id", "token"}`` (the token is shown once)."""
+        return self._object(
+            "POST", "/v1/clients", json={"name": name, "role": role}, idempotent=False
+        )
+
+    def delete_client(self, client_id: str) -> None:
+        self._request("DELETE", f"/v1/clients/{client_id}")
+
+    def create_grant(self, dataset_id: str, *, client_id: str) -> dict[str, Any]:
+        return self._object(
+            "POST",
+            f"/v1/datasets/{dataset_id}/grants",
+            json={"client_id": client_id},
+            idempotent=False,
+        )
+
+    def get_audit(self, dataset_id: str) -> Any:
+        """``GET /v1/datasets/{id}/audit``: the dataset's audit entries."""
+        return self._json("GET", f"/v1/datasets/{dataset_id}/audit")
+
+    def verify_audit(self) -> dict[str, Any]:
+        """``GET /v1/audit/verify`` → ``{"ok", "entries"}``."""
+        return self._object("GET", "/v1/audit/verify")
+
+    def preview_mechanism(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/mechanisms/preview`` (no data, no budget)."""
+        return self._object("POST", "/v1/mechanisms/preview", json=body, idempotent=True)
+
+    def health(self) -> dict[str, Any]:
+        return self._object("GET", "/healthz")
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._request(method, path, **kwargs)
+        return response.json() if response.content else None
+
+    def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        data = self._json(method, path, **kwargs)
+        if not isinstance(data, dict):
+            raise LabelsPartyError(f"{method} {path}: expected a JSON object")
+        return data
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        files_factory: Callable[[], dict[str, Any]] | None = None,
+        idempotent: bool | None = None,
+    ) -> httpx.Response:
+        safe = method in {"GET", "HEAD", "DELETE", "PUT"} if idempotent is None else idempotent
+
+        def attempt() -> httpx.Response:
+            response = self._http.request(
+                method,
+                path,
+                json=json,
+                params=params,
+                headers=headers,
+                files=files_factory() if files_factory else None,
+            )
+            if response.status_code >= 400:
+                self._raise_for(response)
+            return response
+
+        return self._retrying(attempt, idempotent=safe, what=f"{method} {path}")
+
+    def _retrying(self, attempt: Callable[[], T], *, idempotent: bool, what: str) -> T:
+        last = ""
+        for i in range(self.retries + 1):
+            try:
+                return attempt()
+            except _ServerError as exc:
+                last = str(exc)
+                if not idempotent:
+                    raise LabelsPartyUnavailableError(f"{what}: {last}", attempts=i + 1) from None
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if not (idempotent or isinstance(exc, httpx.ConnectError)):
+                    raise LabelsPartyUnavailableError(f"{what}: {last}", attempts=i + 1) from None
+            if i < self.retries:
+                self._sleep(random.uniform(0, min(self.max_backoff, self.backoff * 2**i)))
+        raise LabelsPartyUnavailableError(
+            f"{what}: the labels party is unavailable after {self.retries + 1} attempts ({last})",
+            attempts=self.retries + 1,
+        )
+
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> None:
+        if response.status_code >= 500:
+            raise _ServerError(f"HTTP {response.status_code}")
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        error = str(body.get("error") or "http_error")
+        message = str(body.get("message") or response.reason_phrase)
+        cls = (
+            BudgetExceededError
+            if response.status_code == 409 and error == "budget_exceeded"
+            else LabelsPartyHTTPError
+        )
+        raise cls(response.status_code, error, message, body.get("detail"))
+
+
+class _ServerError(Exception):
+    """A 5xx answer (internal: retried, then reported as unavailable)."""

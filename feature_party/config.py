@@ -1,0 +1,61 @@
+"""Settings of the features party, from ``LABELDP_*`` environment variables.
+
+The two parties run as separate processes with separate environments, so the
+features party reads the same names as the labels party:
+
+=============================  ===============================================
+``LABELDP_DATABASE_URL``       SQLAlchemy URL; default SQLite in the data dir
+                               (``postgresql+psycopg://…`` in production)
+``LABELDP_DATA_DIR``           feature sets, received releases, checkpoints,
+                               model artifacts (default ``./labeldp-data/feature-party``)
+``LABELDP_ADMIN_TOKEN``        bearer token for every endpoint (required)
+``LABELDP_MAX_UPLOAD_BYTES``   largest feature-set / prediction upload (413 above)
+``LABELDP_JOB_LEASE_SECONDS``  a running job whose worker sent no heartbeat for
+                               this long goes back to the queue
+``LABELDP_HEARTBEAT_SECONDS``  how often a worker renews its lease and
+                               publishes progress
+``LABELDP_POLL_SECONDS``       how often an idle worker looks for a job
+``LABELDP_CLIENT_TIMEOUT_SECONDS`` / ``LABELDP_CLIENT_RETRIES``
+                               the labels-party client (per request, retries
+                               on connection errors and 5xx)
+=============================  ===============================================
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LABELDP_", extra="ignore")
+
+    database_url: str | None = None
+    data_dir: Path = Path("labeldp-data/feature-party")
+    admin_token: SecretStr | None = None
+    max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
+    job_lease_seconds: float = Field(default=60.0, gt=0)
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    poll_seconds: float = Field(default=1.0, gt=0)
+    client_timeout_seconds: float = Field(default=60.0, gt=0)
+    client_retries: int = Field(default=4, ge=0)
+    client_backoff_seconds: float = Field(default=0.5, ge=0)
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'feature-party.db').resolve()}"
+
+    def require_admin_token(self) -> str:
+        if self.admin_token is None or not self.admin_token.get_secret_value():
+            raise ValueError("LABELDP_ADMIN_TOKEN is not set: the service refuses to run open")
+        return self.admin_token.get_secret_value()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,49 @@
+"""FastAPI dependencies: the request session, settings and authentication."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from feature_party.config import Settings
+from feature_party.db import Database
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One unit of work per request: commit at the end, roll back on error."""
+    database: Database = request.app.state.database
+    with database.session() as session:
+        yield session
+
+
+def require_admin(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    expected: str = request.app.state.admin_token
+    if credentials is None or not secrets.compare_digest(
+        credentials.credentials.encode(), expected.encode()
+    ):
+        raise HTTPException(
+            status_code=401,
+            detail="missing or wrong bearer token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+# scope="function": commit before the response is sent, so a client that got a
+# 201 can read what it created.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -1,0 +1,56 @@
+"""Domain errors of the features party, rendered once by
+``feature_party.exception_handlers`` into ``{"error", "message", "detail"}``::
+
+    FeaturePartyError
+    ├── NotFoundError            404 not_found
+    ├── ConflictError            409 conflict (budget_exceeded from the labels party)
+    ├── PayloadTooLargeError     413 payload_too_large
+    ├── InvalidInputError        422 invalid_input / bad_file / no_join
+    └── UpstreamError            502 labels_party_unavailable / labels_party_error /
+                                     release_integrity_error
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FeaturePartyError(Exception):
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, detail: Any = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+        if code is not None:
+            self.code = code
+
+
+class NotFoundError(FeaturePartyError):
+    status_code = 404
+    code = "not_found"
+
+
+class ConflictError(FeaturePartyError):
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLargeError(FeaturePartyError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class InvalidInputError(FeaturePartyError):
+    status_code = 422
+    code = "invalid_input"
+
+
+class UpstreamError(FeaturePartyError):
+    status_code = 502
+    code = "labels_party_error"
+
+
+def not_found(kind: str, id_: str) -> NotFoundError:
+    return NotFoundError(f"no {kind} with id {id_!r}", detail={"kind": kind, "id": id_})

@@ -1,0 +1,46 @@
+"""Wire shapes of training jobs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from feature_party.jobs.status import Status
+from feature_party.training.config import TrainingConfig
+
+
+class JobCreate(TrainingConfig):
+    """``POST /v1/jobs``: what to train on, plus the training configuration."""
+
+    feature_set_id: str
+    labels_id: str = Field(description="id of a received release (POST /v1/received-labels)")
+
+    def training(self) -> TrainingConfig:
+        return TrainingConfig.model_validate(
+            self.model_dump(exclude={"feature_set_id", "labels_id"})
+        )
+
+
+class JobAccepted(BaseModel):
+    id: str
+    status: Status
+
+
+class JobRead(BaseModel):
+    id: str
+    status: Status
+    feature_set_id: str
+    labels_id: str
+    config: dict[str, Any]
+    progress: dict[str, Any] | None = Field(
+        description="epoch, epochs, step, steps_per_epoch, loss, eta_seconds, examples_per_second"
+    )
+    metrics: dict[str, Any] | None
+    model_id: str | None
+    error: str | None
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None

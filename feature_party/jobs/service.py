@@ -1,0 +1,91 @@
+"""Training jobs: submit, read, cancel."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow.parquet as pq
+from sqlalchemy.orm import Session
+
+from feature_party.config import Settings
+from feature_party.errors import ConflictError, InvalidInputError
+from feature_party.feature_sets.repository import FeatureSetRepository
+from feature_party.jobs.repository import JobRepository
+from feature_party.jobs.schemas import JobAccepted, JobCreate, JobRead
+from feature_party.jobs.status import Status
+from feature_party.orm import Job
+from feature_party.received_labels.repository import ReceivedLabelsRepository
+from feature_party.training.dataset import count_join
+
+
+def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted:
+    feature_set = FeatureSetRepository(session).get(body.feature_set_id)
+    labels = ReceivedLabelsRepository(session).get(body.labels_id)
+    if labels.feature_set_id != feature_set.id:
+        matched, unmatched = count_join(
+            settings.data_dir / feature_set.path, pq.read_table(settings.data_dir / labels.path)
+        )
+    else:
+        matched, unmatched = labels.matched, labels.unmatched
+    if matched == 0:
+        raise InvalidInputError(
+            "the received labels do not join the feature set on example_id",
+            code="no_join",
+            detail={
+                "num_labels": labels.num_labels,
+                "num_features": feature_set.num_rows,
+                "matched": matched,
+                "unmatched": unmatched,
+            },
+        )
+    config = body.training()
+    if config.task == "classification":
+        mechanism = labels.manifest.get("mechanism", {})
+        if not (config.num_classes or mechanism.get("outputs") or mechanism.get("inputs")):
+            raise InvalidInputError("classification needs num_classes (the release does not say)")
+    job = JobRepository(session).add(
+        Job(
+            id=uuid.uuid4().hex,
+            status=Status.QUEUED,
+            feature_set_id=feature_set.id,
+            labels_id=labels.id,
+            config=config.model_dump(mode="json"),
+            attempts=0,
+        )
+    )
+    return JobAccepted(id=job.id, status=Status(job.status))
+
+
+def get(session: Session, job_id: str) -> JobRead:
+    return to_read(JobRepository(session).get(job_id))
+
+
+def cancel(session: Session, job_id: str) -> JobRead:
+    repo = JobRepository(session)
+    job = repo.get(job_id)
+    if not repo.cancel(job_id):
+        raise ConflictError(
+            f"job {job_id} is already {job.status}",
+            code="job_finished",
+            detail={"status": job.status},
+        )
+    session.refresh(job)
+    return to_read(job)
+
+
+def to_read(job: Job) -> JobRead:
+    return JobRead(
+        id=job.id,
+        status=Status(job.status),
+        feature_set_id=job.feature_set_id,
+        labels_id=job.labels_id,
+        config=job.config,
+        progress=job.progress,
+        metrics=job.metrics,
+        model_id=job.model_id,
+        error=job.error,
+        attempts=job.attempts,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+    )

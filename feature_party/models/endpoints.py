@@ -1,0 +1,82 @@
+"""``/v1/models``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+from starlette.datastructures import UploadFile
+
+from feature_party.config import Settings
+from feature_party.deps import SessionDep, SettingsDep
+from feature_party.errors import InvalidInputError, PayloadTooLargeError
+from feature_party.exception_handlers import ERROR_RESPONSES
+from feature_party.models import service
+from feature_party.models.schemas import ModelRead, Predictions, PredictRows
+from feature_party.uploads import spooled
+
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=ERROR_RESPONSES)
+
+_PREDICT_BODY: dict[str, Any] = {
+    "requestBody": {
+        "content": {
+            "application/json": {"schema": PredictRows.model_json_schema()},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"file": {"type": "string", "format": "binary"}},
+                    "required": ["file"],
+                }
+            },
+        }
+    }
+}
+
+
+def _predict_upload(
+    session: Session, settings: Settings, model_id: str, upload: UploadFile
+) -> Predictions:
+    directory = settings.data_dir / "tmp"
+    with spooled(upload, directory=directory, max_bytes=settings.max_upload_bytes) as path:
+        return service.predict_file(session, settings, model_id, path, upload.filename)
+
+
+@router.get("/{model_id}", response_model=ModelRead)
+def get_model(session: SessionDep, model_id: str) -> ModelRead:
+    return service.get(session, model_id)
+
+
+@router.get("/{model_id}/artifact", response_class=FileResponse)
+def download_artifact(session: SessionDep, settings: SettingsDep, model_id: str) -> FileResponse:
+    """The model file: weights, column roles, vocabularies and scalers
+    (``torch.load(path, weights_only=True)``)."""
+    path = service.artifact_path(session, settings, model_id)
+    return FileResponse(path, media_type="application/octet-stream", filename=f"{model_id}.pt")
+
+
+@router.post("/{model_id}/predict", response_model=Predictions, openapi_extra=_PREDICT_BODY)
+async def predict(
+    request: Request, session: SessionDep, settings: SettingsDep, model_id: str
+) -> Predictions:
+    """Predict from a multipart ``file`` (CSV or Parquet) or JSON ``{"rows": [...]}``."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes:
+        raise PayloadTooLargeError(f"the request is larger than {settings.max_upload_bytes} bytes")
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        async with request.form() as form:
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise InvalidInputError("multipart requests need a 'file' field")
+            return await run_in_threadpool(_predict_upload, session, settings, model_id, upload)
+    try:
+        body = PredictRows.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise InvalidInputError(
+            'send JSON {"rows": [...]} or a multipart file',
+            detail=[{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
+        ) from None
+    return await run_in_threadpool(service.predict_rows, session, settings, model_id, body.rows)

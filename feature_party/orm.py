@@ -1,0 +1,84 @@
+"""SQLAlchemy tables of the features party (schema changes go through
+``feature_party/migrations``). These are storage rows, never response models."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    """Naive UTC (stored as such on SQLite and Postgres alike)."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSONType, list[Any]: JSONType}
+
+
+class FeatureSet(Base):
+    __tablename__ = "feature_sets"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    num_rows: Mapped[int] = mapped_column(Integer)
+    columns: Mapped[list[Any]] = mapped_column()
+    roles: Mapped[dict[str, Any]] = mapped_column()
+    path: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class ReceivedLabels(Base):
+    __tablename__ = "received_labels"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    feature_set_id: Mapped[str] = mapped_column(ForeignKey("feature_sets.id"))
+    labels_party_url: Mapped[str] = mapped_column(String(500))
+    dataset_id: Mapped[str] = mapped_column(String(200))
+    release_id: Mapped[str] = mapped_column(String(200))
+    manifest: Mapped[dict[str, Any]] = mapped_column()
+    sha256: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(String(500))
+    num_labels: Mapped[int] = mapped_column(Integer)
+    matched: Mapped[int] = mapped_column(Integer)
+    unmatched: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_status_created", "status", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    feature_set_id: Mapped[str] = mapped_column(ForeignKey("feature_sets.id"))
+    labels_id: Mapped[str] = mapped_column(ForeignKey("received_labels.id"))
+    config: Mapped[dict[str, Any]] = mapped_column()
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    error: Mapped[str | None] = mapped_column(Text)
+    model_id: Mapped[str | None] = mapped_column(String(32))
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class Model(Base):
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    path: Mapped[str] = mapped_column(String(500))
+    task: Mapped[str] = mapped_column(String(32))
+    loss: Mapped[str] = mapped_column(String(64))
+    metrics: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

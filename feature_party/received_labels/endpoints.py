@@ -1,0 +1,34 @@
+"""``/v1/received-labels``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from feature_party.deps import SessionDep, SettingsDep
+from feature_party.exception_handlers import ERROR_RESPONSES
+from feature_party.received_labels import service
+from feature_party.received_labels.schemas import ReceivedLabelsCreate, ReceivedLabelsRead
+from shared.protocol import ErrorBody
+
+router = APIRouter(
+    prefix="/v1/received-labels",
+    tags=["received labels"],
+    responses={
+        **ERROR_RESPONSES,
+        409: {"model": ErrorBody, "description": "budget_exceeded at the labels party"},
+        502: {"model": ErrorBody, "description": "labels party down, refusing, or hash mismatch"},
+    },
+)
+
+
+@router.post("", status_code=201, response_model=ReceivedLabelsRead)
+def receive_labels(
+    session: SessionDep, settings: SettingsDep, body: ReceivedLabelsCreate
+) -> ReceivedLabelsRead:
+    """Request or fetch a release, verify it, and join it to a feature set."""
+    return service.receive(session, settings, body)
+
+
+@router.get("/{labels_id}", response_model=ReceivedLabelsRead)
+def get_received_labels(session: SessionDep, labels_id: str) -> ReceivedLabelsRead:
+    return service.get(session, labels_id)

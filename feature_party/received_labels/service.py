@@ -1,0 +1,156 @@
+"""Fetching a release: request (or look up) the manifest, download the Parquet,
+verify its SHA-256 against the manifest, join with the feature set, store.
+
+Nothing is stored unless every step succeeded: the file is downloaded to a
+temporary path and moved to ``received/<sha256>.parquet`` only after the checks,
+and the row is added in the request's transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from sqlalchemy.orm import Session
+
+from feature_party.client import (
+    BudgetExceededError,
+    LabelsPartyClient,
+    LabelsPartyHTTPError,
+    LabelsPartyUnavailableError,
+    ReleaseIntegrityError,
+)
+from feature_party.config import Settings
+from feature_party.errors import ConflictError, InvalidInputError, UpstreamError
+from feature_party.feature_sets.repository import FeatureSetRepository
+from feature_party.orm import ReceivedLabels
+from feature_party.received_labels.repository import ReceivedLabelsRepository
+from feature_party.received_labels.schemas import ReceivedLabelsCreate, ReceivedLabelsRead
+from feature_party.training.dataset import count_join
+from shared.protocol import ReleaseRead
+
+
+def make_client(settings: Settings, url: str, token: str) -> LabelsPartyClient:
+    return LabelsPartyClient(
+        url,
+        token,
+        timeout=settings.client_timeout_seconds,
+        retries=settings.client_retries,
+        backoff=settings.client_backoff_seconds,
+    )
+
+
+def _integrity(message: str, release_id: str) -> UpstreamError:
+    return UpstreamError(message, code="release_integrity_error", detail={"release_id": release_id})
+
+
+def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) -> ReleaseRead:
+    if request.release is not None:
+        manifest = client.create_release(request.dataset_id, request.release)
+    else:
+        assert request.release_id is not None
+        manifest = client.get_release(request.release_id)
+    if manifest.dataset_id != request.dataset_id:
+        raise _integrity(
+            f"release {manifest.id} belongs to dataset {manifest.dataset_id}, "
+            f"not {request.dataset_id}",
+            manifest.id,
+        )
+    client.download_labels(manifest.id, tmp, expected_sha256=manifest.sha256)
+    return manifest
+
+
+def receive(
+    session: Session, settings: Settings, request: ReceivedLabelsCreate
+) -> ReceivedLabelsRead:
+    feature_set = FeatureSetRepository(session).get(request.feature_set_id)
+    tmp = settings.data_dir / "tmp" / f"{uuid.uuid4().hex}.parquet"
+    try:
+        with make_client(
+            settings, request.labels_party_url, request.token.get_secret_value()
+        ) as client:
+            manifest = _fetch(client, request, tmp)
+        try:
+            labels = pq.read_table(tmp)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise _integrity(f"the release is not a Parquet file: {exc}", manifest.id) from None
+        if not {"example_id", "label"} <= set(labels.column_names):
+            raise _integrity("the release lacks example_id or label columns", manifest.id)
+        if labels.num_rows != manifest.num_labels:
+            raise _integrity(
+                f"the release holds {labels.num_rows} rows, the manifest says "
+                f"{manifest.num_labels}",
+                manifest.id,
+            )
+        if pc.count_distinct(labels.column("example_id")).as_py() != labels.num_rows:
+            raise _integrity("the release repeats example_ids", manifest.id)
+        matched, unmatched = count_join(settings.data_dir / feature_set.path, labels)
+        if matched == 0:
+            raise InvalidInputError(
+                "no received label joins the feature set on example_id",
+                code="no_join",
+                detail={
+                    "release_id": manifest.id,
+                    "num_labels": manifest.num_labels,
+                    "num_features": feature_set.num_rows,
+                    "matched": matched,
+                    "unmatched": unmatched,
+                },
+            )
+        relative = Path("received") / f"{manifest.sha256}.parquet"
+        (settings.data_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        tmp.replace(settings.data_dir / relative)
+    except BudgetExceededError as exc:
+        raise ConflictError(exc.message, code="budget_exceeded", detail=exc.detail) from None
+    except LabelsPartyUnavailableError as exc:
+        raise UpstreamError(
+            str(exc), code="labels_party_unavailable", detail={"attempts": exc.attempts}
+        ) from None
+    except ReleaseIntegrityError as exc:
+        raise UpstreamError(str(exc), code="release_integrity_error") from None
+    except LabelsPartyHTTPError as exc:
+        raise UpstreamError(
+            f"the labels party refused: {exc.message}",
+            detail={"status": exc.status_code, "error": exc.error, "detail": exc.detail},
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+    row = ReceivedLabelsRepository(session).add(
+        ReceivedLabels(
+            id=uuid.uuid4().hex,
+            feature_set_id=feature_set.id,
+            labels_party_url=request.labels_party_url,
+            dataset_id=request.dataset_id,
+            release_id=manifest.id,
+            manifest=manifest.model_dump(mode="json"),
+            sha256=manifest.sha256,
+            path=str(relative),
+            num_labels=manifest.num_labels,
+            matched=matched,
+            unmatched=unmatched,
+        )
+    )
+    return to_read(row)
+
+
+def get(session: Session, id_: str) -> ReceivedLabelsRead:
+    return to_read(ReceivedLabelsRepository(session).get(id_))
+
+
+def to_read(row: ReceivedLabels) -> ReceivedLabelsRead:
+    return ReceivedLabelsRead(
+        id=row.id,
+        feature_set_id=row.feature_set_id,
+        dataset_id=row.dataset_id,
+        release_id=row.release_id,
+        num_labels=row.num_labels,
+        matched=row.matched,
+        unmatched=row.unmatched,
+        sha256=row.sha256,
+        manifest=row.manifest,
+        created_at=row.created_at,
+    )

@@ -1,0 +1,93 @@
+"""The model artifact: weights plus everything prediction needs to preprocess
+rows exactly as training did (column roles, vocabularies, scalers, loss).
+
+One ``torch.save`` file of plain containers and tensors, loadable with
+``torch.load(..., weights_only=True)`` — no pickled code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from feature_party.training.config import TrainingConfig
+from feature_party.training.data import Preprocessing
+from feature_party.training.losses import Loss, LossName, make_loss
+from shared.torch_models import TabularMLP, TabularMLPConfig
+
+__all__ = ["ARTIFACT_FORMAT", "Predictor", "load_artifact", "save_artifact"]
+
+ARTIFACT_FORMAT = "labeldp-tabular-mlp/1"
+
+
+def save_artifact(
+    path: Path,
+    *,
+    model: TabularMLP,
+    preprocessing: Preprocessing,
+    config: TrainingConfig,
+    num_classes: int | None,
+    metrics: dict[str, Any],
+) -> None:
+    """Write the artifact atomically (a crash never leaves half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(
+        {
+            "format": ARTIFACT_FORMAT,
+            "model": model.config.to_dict(),
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "preprocessing": preprocessing.to_dict(),
+            "task": config.task,
+            "loss": config.loss,
+            "num_classes": num_classes,
+            "training": config.model_dump(mode="json"),
+            "metrics": metrics,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+@dataclass
+class Predictor:
+    model: TabularMLP
+    preprocessing: Preprocessing
+    loss: Loss
+    task: str
+
+    def predict(self, table: pa.Table, batch_size: int = 65536) -> np.ndarray:
+        """Predictions for the rows of ``table`` (``ValueError`` on missing columns)."""
+        tensors = self.preprocessing.transform(table)
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(tensors), batch_size):
+                sl = slice(start, start + batch_size)
+                raw = self.model(tensors.numeric[sl], tensors.categorical[sl])
+                out.append(self.loss.predict(raw).cpu().numpy())
+        dtype = np.int64 if self.loss.classification else np.float64
+        return np.concatenate(out).astype(dtype) if out else np.zeros(0, dtype=dtype)
+
+
+def load_artifact(path: Path) -> Predictor:
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    if blob.get("format") != ARTIFACT_FORMAT:
+        raise ValueError(f"unknown model artifact format {blob.get('format')!r}")
+    model = TabularMLP(TabularMLPConfig.from_dict(blob["model"]))
+    model.load_state_dict(blob["state_dict"])
+    model.eval()
+    num_classes = blob["num_classes"]
+    # The debiased loss predicts like plain cross-entropy; no matrix needed here.
+    loss_name: LossName = "cross-entropy" if num_classes else blob["loss"]
+    return Predictor(
+        model=model,
+        preprocessing=Preprocessing.from_dict(blob["preprocessing"]),
+        loss=make_loss(loss_name, num_classes=num_classes),
+        task=blob["task"],
+    )

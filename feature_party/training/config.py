@@ -1,0 +1,72 @@
+"""Hyper-parameters of a training job (the body of ``POST /v1/jobs`` minus ids)."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from feature_party.training.losses import CLASSIFICATION_LOSSES, LossName
+
+Device = Literal["auto", "cpu", "cuda"] | int
+
+
+class TrainingConfig(BaseModel):
+    """Model, loss, optimizer and schedule. Defaults follow the papers' appendices
+    (RMSProp, learning rate 1e-3 with cosine decay, batch 8192, embedding dim 8,
+    L2 1e-4; Appendix E of ``rr-on-bins-regression.txt``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: Literal["regression", "classification"] = "regression"
+    loss: LossName = "squared"
+    num_classes: int | None = Field(
+        default=None, ge=2, description="default: the release's number of outputs"
+    )
+    epochs: int = Field(default=10, ge=1, le=10_000)
+    batch_size: int = Field(default=8192, ge=1, le=1_000_000)
+    learning_rate: float = Field(default=1e-3, gt=0, le=10)
+    optimizer: Literal["rmsprop", "adam", "sgd"] = "rmsprop"
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="SGD only")
+    weight_decay: float = Field(default=1e-4, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    embedding_dim: int = Field(default=8, ge=1, le=1024)
+    hidden: list[int] = Field(default_factory=lambda: [128, 64], max_length=16)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    max_vocab: int = Field(default=100_000, ge=1, description="per categorical column")
+    min_count: int = Field(default=1, ge=1, description="rarer values go to the OOV bucket")
+    validation_fraction: float = Field(default=0.1, ge=0, lt=1)
+    early_stopping_patience: int | None = Field(default=5, ge=1)
+    mixup_alpha: float = Field(default=0.0, ge=0, description="classification only; 0 = off")
+    seed: int = 0
+    device: Device = Field(
+        default="auto",
+        description="'auto' (CUDA when present), 'cpu', 'cuda' (one GPU) or a number of GPUs",
+    )
+    processes: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="DistributedDataParallel processes; default: the number of GPUs "
+        "(several CPU processes use the gloo backend)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        classification = self.loss in CLASSIFICATION_LOSSES
+        if classification != (self.task == "classification"):
+            raise ValueError(f"loss {self.loss!r} does not fit task {self.task!r}")
+        if self.mixup_alpha > 0 and not classification:
+            raise ValueError("mixup is for classification")
+        if isinstance(self.device, int) and self.device < 1:
+            raise ValueError("device: the number of GPUs must be at least 1")
+        if any(h < 1 for h in self.hidden):
+            raise ValueError("hidden layer widths must be positive")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """How many training processes the job runs."""
+        if self.processes is not None:
+            return self.processes
+        return self.device if isinstance(self.device, int) else 1

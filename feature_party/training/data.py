@@ -1,0 +1,149 @@
+"""Preprocessing: column roles, vocabularies, scalers, and tensors.
+
+Fitting and transforming are columnar (pyarrow compute + numpy): the loops run
+over *columns*, never over examples. The fitted :class:`Preprocessing` is part of
+the model artifact, so prediction applies exactly the training transformation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+__all__ = ["ColumnRoles", "Preprocessing", "Tensors", "fit_preprocessing"]
+
+
+@dataclass(frozen=True)
+class ColumnRoles:
+    """Which feature columns are numeric and which categorical; the rest are ignored."""
+
+    numeric: tuple[str, ...] = ()
+    categorical: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {"numeric": list(self.numeric), "categorical": list(self.categorical)}
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """A preprocessed batch or data set: ``numeric`` float32[n, k], ``categorical``
+    int64[n, c] (0 = out of vocabulary)."""
+
+    numeric: torch.Tensor
+    categorical: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.numeric.shape[0])
+
+
+@dataclass
+class Preprocessing:
+    """Fitted transformation: per numeric column mean and standard deviation (missing
+    values become the mean, i.e. 0 after scaling), per categorical column a
+    vocabulary (most frequent first; index ``i + 1`` for ``vocab[i]``, 0 for
+    anything else, missing values included)."""
+
+    numeric: list[str]
+    means: list[float]
+    stds: list[float]
+    categorical: list[str]
+    vocabularies: list[list[str]] = field(default_factory=list)
+
+    @property
+    def vocab_sizes(self) -> tuple[int, ...]:
+        """Rows per embedding, the OOV bucket included."""
+        return tuple(len(v) + 1 for v in self.vocabularies)
+
+    @property
+    def roles(self) -> ColumnRoles:
+        return ColumnRoles(tuple(self.numeric), tuple(self.categorical))
+
+    def missing_columns(self, table: pa.Table) -> list[str]:
+        present = set(table.column_names)
+        return [c for c in (*self.numeric, *self.categorical) if c not in present]
+
+    def transform(self, table: pa.Table) -> Tensors:
+        """Tensors for ``table``; raises ``ValueError`` if a column is missing or a
+        numeric column does not parse as numbers."""
+        missing = self.missing_columns(table)
+        if missing:
+            raise ValueError(f"missing feature columns: {', '.join(missing)}")
+        n = table.num_rows
+        numeric = np.zeros((n, len(self.numeric)), dtype=np.float32)
+        for j, name in enumerate(self.numeric):
+            values = _as_float(table.column(name))
+            scaled = (values - self.means[j]) / self.stds[j]
+            numeric[:, j] = np.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0)
+        categorical = np.zeros((n, len(self.categorical)), dtype=np.int64)
+        for j, name in enumerate(self.categorical):
+            vocab = pa.array(self.vocabularies[j], type=pa.string())
+            idx = pc.index_in(as_string(table.column(name)), value_set=vocab)
+            categorical[:, j] = pc.fill_null(idx, -1).to_numpy() + 1
+        return Tensors(torch.from_numpy(numeric), torch.from_numpy(categorical))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "numeric": list(self.numeric),
+            "means": list(self.means),
+            "stds": list(self.stds),
+            "categorical": list(self.categorical),
+            "vocabularies": [list(v) for v in self.vocabularies],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Preprocessing:
+        return cls(
+            numeric=list(d["numeric"]),
+            means=[float(x) for x in d["means"]],
+            stds=[float(x) for x in d["stds"]],
+            categorical=list(d["categorical"]),
+            vocabularies=[list(v) for v in d["vocabularies"]],
+        )
+
+
+def _as_float(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    arr = pc.cast(column, pa.float64())
+    return np.asarray(pc.fill_null(arr, float("nan")).to_numpy(), dtype=np.float64)
+
+
+def as_string(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """The column as Arrow strings (dictionary-decoded; numbers formatted)."""
+    if pa.types.is_dictionary(column.type):
+        column = pc.cast(column, column.type.value_type)
+    return column if pa.types.is_string(column.type) else pc.cast(column, pa.string())
+
+
+def fit_preprocessing(
+    table: pa.Table, roles: ColumnRoles, *, max_vocab: int = 100_000, min_count: int = 1
+) -> Preprocessing:
+    """Fit scalers and vocabularies on ``table`` (features only — no labels)."""
+    means: list[float] = []
+    stds: list[float] = []
+    for name in roles.numeric:
+        values = _as_float(table.column(name))
+        finite = values[np.isfinite(values)]
+        mean = float(finite.mean()) if finite.size else 0.0
+        std = float(finite.std()) if finite.size else 1.0
+        means.append(mean)
+        stds.append(std if std > 1e-12 else 1.0)
+    vocabularies: list[list[str]] = []
+    for name in roles.categorical:
+        counts = pc.value_counts(as_string(table.column(name)))
+        values = counts.field("values")
+        freq = counts.field("counts")
+        keep = pc.and_(pc.is_valid(values), pc.greater_equal(freq, min_count))
+        kept = pa.table({"v": values, "n": freq}).filter(keep)
+        kept = kept.sort_by([("n", "descending"), ("v", "ascending")]).slice(0, max_vocab)
+        vocabularies.append([str(v) for v in kept.column("v").to_pylist()])
+    return Preprocessing(
+        numeric=list(roles.numeric),
+        means=means,
+        stds=stds,
+        categorical=list(roles.categorical),
+        vocabularies=vocabularies,
+    )

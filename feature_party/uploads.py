@@ -1,0 +1,34 @@
+"""Spooling multipart uploads to disk with a size limit (413 above it)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from starlette.datastructures import UploadFile
+
+from feature_party.errors import PayloadTooLargeError
+
+
+@contextmanager
+def spooled(upload: UploadFile, *, directory: Path, max_bytes: int) -> Iterator[Path]:
+    """The upload as a temporary file in ``directory`` (removed afterwards)."""
+    if upload.size is not None and upload.size > max_bytes:
+        raise PayloadTooLargeError(
+            f"the upload is larger than {max_bytes} bytes", detail={"max_bytes": max_bytes}
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, suffix=".upload", delete=False) as tmp:
+        shutil.copyfileobj(upload.file, tmp, length=1 << 20)
+        path = Path(tmp.name)
+    try:
+        if path.stat().st_size > max_bytes:
+            raise PayloadTooLargeError(
+                f"the upload is larger than {max_bytes} bytes", detail={"max_bytes": max_bytes}
+            )
+        yield path
+    finally:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,118 @@
+"""The torch model zoo both parties can import (DESIGN.md §5).
+
+:class:`TabularMLP` is the model of the papers' appendices (Appendix E of
+``rr-on-bins-regression.txt``): one embedding per categorical column (index 0 of
+each column is its out-of-vocabulary bucket), standardized numeric columns
+concatenated to the embeddings, then fully connected ReLU layers.
+
+All categorical columns share one embedding table with per-column offsets, so the
+forward pass is a single gather whatever the number of columns — no per-column
+Python loop on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["TabularMLP", "TabularMLPConfig"]
+
+
+@dataclass(frozen=True)
+class TabularMLPConfig:
+    """Shape of a :class:`TabularMLP`.
+
+    ``vocab_sizes`` counts each categorical column's rows *including* its
+    out-of-vocabulary bucket (index 0).
+    """
+
+    num_numeric: int
+    vocab_sizes: tuple[int, ...] = ()
+    embedding_dim: int = 8
+    hidden: tuple[int, ...] = (128, 64)
+    outputs: int = 1
+    dropout: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["vocab_sizes"] = list(self.vocab_sizes)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TabularMLPConfig:
+        return cls(
+            num_numeric=int(d["num_numeric"]),
+            vocab_sizes=tuple(int(v) for v in d.get("vocab_sizes", ())),
+            embedding_dim=int(d.get("embedding_dim", 8)),
+            hidden=tuple(int(h) for h in d.get("hidden", (128, 64))),
+            outputs=int(d.get("outputs", 1)),
+            dropout=float(d.get("dropout", 0.0)),
+        )
+
+
+class TabularMLP(nn.Module):
+    """Embeddings for categorical columns + standardized numerics → MLP.
+
+    ``forward(numeric, categorical)`` takes ``numeric`` ``float32[B, num_numeric]``
+    and ``categorical`` ``int64[B, num_categorical]`` (per-column indices, 0 = OOV)
+    and returns ``float32[B, outputs]``.
+    """
+
+    offsets: torch.Tensor
+
+    def __init__(self, config: TabularMLPConfig) -> None:
+        super().__init__()
+        self.config = config
+        sizes: Sequence[int] = config.vocab_sizes
+        if any(v < 1 for v in sizes):
+            raise ValueError("every vocabulary needs at least its OOV bucket")
+        offsets = torch.zeros(len(sizes), dtype=torch.int64)
+        if sizes:
+            offsets[1:] = torch.cumsum(torch.tensor(sizes[:-1], dtype=torch.int64), 0)
+        self.register_buffer("offsets", offsets, persistent=False)
+        self.embedding = nn.Embedding(int(sum(sizes)), config.embedding_dim) if sizes else None
+        width = config.num_numeric + len(sizes) * config.embedding_dim
+        if width == 0:
+            raise ValueError("the model needs at least one input column")
+        layers: list[nn.Module] = []
+        for h in config.hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            if config.dropout > 0:
+                layers.append(nn.Dropout(config.dropout))
+            width = h
+        self.body = nn.Sequential(*layers)
+        self.out = nn.Linear(width, config.outputs)
+
+    def encode(self, numeric: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        """The dense input row: numerics followed by the flattened embeddings."""
+        if self.embedding is None:
+            return numeric
+        # index_select's backward (index_add) is cheaper on CPU than embedding's.
+        flat = (categorical + self.offsets).flatten()
+        emb = self.embedding.weight.index_select(0, flat).view(categorical.shape[0], -1)
+        if numeric.shape[1] == 0:
+            return emb
+        return torch.cat([numeric, emb], dim=1)
+
+    def head(self, dense: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(self.body(dense))
+        return out
+
+    def forward(
+        self,
+        numeric: torch.Tensor,
+        categorical: torch.Tensor,
+        mix: tuple[torch.Tensor, float] | None = None,
+    ) -> torch.Tensor:
+        """Outputs; ``mix=(perm, lam)`` applies mixup to the dense representation,
+        ``lam·h + (1 − lam)·h[perm]`` (inside ``forward`` so DDP sees it)."""
+        dense = self.encode(numeric, categorical)
+        if mix is not None:
+            perm, lam = mix
+            dense = lam * dense + (1.0 - lam) * dense[perm]
+        return self.head(dense)

@@ -1,0 +1,354 @@
+"""The HTTP API on SQLite (in-process app, a real fake labels party on loopback,
+the worker run in-process)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from feature_party.config import Settings
+from feature_party.db import Database
+from feature_party.jobs.worker import Worker
+from tests.feature_party.conftest import AUTH, csv_bytes, make_settings, running_service, synthetic
+from tests.feature_party.fake_labels_party import TOKEN, FakeLabelsParty, free_port
+
+
+def upload(
+    client: httpx.Client, table: pa.Table, *, schema: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
+    data = {"schema": json.dumps(schema)} if schema else {}
+    r = client.post(
+        "/v1/feature-sets",
+        headers=AUTH,
+        files={"file": ("features.csv", csv_bytes(table), "text/csv")},
+        data=data,
+    )
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def receive(
+    client: httpx.Client, fake: FakeLabelsParty, feature_set_id: str, **extra: object
+) -> httpx.Response:
+    body = {
+        "feature_set_id": feature_set_id,
+        "labels_party_url": fake.url,
+        "token": TOKEN,
+        "dataset_id": fake.dataset_id,
+        "release": {"mechanism": {"name": "laplace"}, "epsilon": 1.0},
+        **extra,
+    }
+    return client.post("/v1/received-labels", headers=AUTH, json=body)
+
+
+def test_auth_is_required(client: httpx.Client) -> None:
+    r = client.get("/v1/jobs/x")
+    assert r.status_code == 401
+    assert r.json()["error"] == "unauthorized"
+    r = client.get("/v1/jobs/x", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert client.get("/healthz").status_code == 200
+
+
+def test_unknown_ids_are_404(client: httpx.Client) -> None:
+    for path in (
+        "/v1/feature-sets/nope",
+        "/v1/received-labels/nope",
+        "/v1/jobs/nope",
+        "/v1/models/nope",
+        "/v1/models/nope/artifact",
+    ):
+        r = client.get(path, headers=AUTH)
+        assert r.status_code == 404, path
+        assert r.json()["error"] == "not_found"
+    assert client.delete("/v1/jobs/nope", headers=AUTH).status_code == 404
+    r = client.post("/v1/models/nope/predict", headers=AUTH, json={"rows": [{"x0": 1}]})
+    assert r.status_code == 404
+    r = client.post("/v1/jobs", headers=AUTH, json={"feature_set_id": "a", "labels_id": "b"})
+    assert r.status_code == 404
+
+
+def test_feature_set_roles_inferred_and_declared(client: httpx.Client) -> None:
+    data = synthetic(50)
+    inferred = upload(client, data.features)
+    roles = {c["name"]: c["role"] for c in inferred["columns"]}
+    assert roles == {
+        "x0": "numeric",
+        "x1": "numeric",
+        "x2": "numeric",
+        "x3": "numeric",
+        "city": "categorical",
+        "device": "categorical",
+    }
+    assert inferred["num_rows"] == 50
+    declared = upload(client, data.features, schema={"numeric": ["x0"], "categorical": ["city"]})
+    roles = {c["name"]: c["role"] for c in declared["columns"]}
+    assert roles["x0"] == "numeric" and roles["city"] == "categorical"
+    assert roles["x1"] == "ignored" and roles["device"] == "ignored"
+    # Parquet works too, and a numeric column may be declared categorical.
+    buf = io.BytesIO()
+    pq.write_table(data.features, buf)
+    r = client.post(
+        "/v1/feature-sets",
+        headers=AUTH,
+        files={"file": ("f.parquet", buf.getvalue())},
+        data={"schema": json.dumps({"categorical": ["x0"]})},
+    )
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize(
+    ("text", "schema", "expected"),
+    [
+        (
+            "example_id,a\n1,2\n2,x\n3,4\n4,y\n",
+            {"numeric": ["a"]},
+            {"column": "a", "rows": [2, 4], "reason": "not a number"},
+        ),
+        (
+            "example_id,a\n1,2\n,3\n3,4\n",
+            None,
+            {"column": "example_id", "rows": [2], "reason": "missing example_id"},
+        ),
+        (
+            "example_id,a\n1,2\n2,3\n1,4\n",
+            None,
+            {"column": "example_id", "rows": [1, 3], "reason": "duplicate example_id"},
+        ),
+        (
+            "example_id,a\n1,2\n",
+            {"numeric": ["b"]},
+            {"columns": ["b"], "reason": "declared but not in the file"},
+        ),
+    ],
+)
+def test_bad_feature_files_are_422_with_reasons(
+    client: httpx.Client, text: str, schema: dict[str, list[str]] | None, expected: dict[str, Any]
+) -> None:
+    data = {"schema": json.dumps(schema)} if schema else {}
+    r = client.post("/v1/feature-sets", headers=AUTH, files={"file": ("f.csv", text)}, data=data)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "bad_file"
+    assert expected in body["detail"]
+
+
+def test_unreadable_and_oversized_files(tmp_path: Path, client: httpx.Client) -> None:
+    r = client.post("/v1/feature-sets", headers=AUTH, files={"file": ("f.csv", "a,b\n1,2\n")})
+    assert r.status_code == 422 and "example_id" in r.json()["message"]
+    r = client.post(
+        "/v1/feature-sets", headers=AUTH, files={"file": ("f.parquet", b"PAR1 not really")}
+    )
+    assert r.status_code == 422
+    with running_service(make_settings(tmp_path / "small", max_upload_bytes=10)) as small:
+        r = small.post(
+            "/v1/feature-sets", headers=AUTH, files={"file": ("f.csv", "example_id,a\n1,2\n2,3\n")}
+        )
+    assert r.status_code == 413
+    assert r.json()["error"] == "payload_too_large"
+
+
+def test_receive_train_predict(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    data = synthetic(3000, seed=1)
+    ids = data.features.column("example_id").to_pylist()
+    # 2800 of the 3000 labels join; 200 have no feature row.
+    labels_party.set_labels(ids[:2800] + [f"other{i}" for i in range(200)], list(data.noisy[:3000]))
+    fs = upload(client, data.features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 201, r.text
+    received = r.json()
+    assert (received["num_labels"], received["matched"], received["unmatched"]) == (3000, 2800, 200)
+    assert received["release_id"] == "rel-1"
+    stored = settings.data_dir / "received" / f"{received['sha256']}.parquet"
+    assert stored.exists()
+    # Fetching the same release again by id is free: no new spend at the labels party.
+    again = receive(client, labels_party, fs["id"], release=None, release_id="rel-1")
+    assert again.status_code == 201, again.text
+    assert again.json()["sha256"] == received["sha256"]
+    assert labels_party.spent == 1.0
+
+    r = client.post(
+        "/v1/jobs",
+        headers=AUTH,
+        json={
+            "feature_set_id": fs["id"],
+            "labels_id": received["id"],
+            "task": "regression",
+            "loss": "squared",
+            "epochs": 3,
+            "batch_size": 256,
+            "hidden": [32, 16],
+            "seed": 3,
+        },
+    )
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] == "queued"
+
+    database = Database(settings.resolved_database_url)
+    try:
+        assert Worker(database, settings).run(once=True) == 1
+    finally:
+        database.dispose()
+    job = client.get(f"/v1/jobs/{job['id']}", headers=AUTH).json()
+    assert job["status"] == "succeeded", job
+    progress = job["progress"]
+    assert progress["epoch"] == progress["epochs"] == 3, job
+    assert progress["step"] == progress["steps_per_epoch"]
+    assert job["metrics"]["epochs_run"] == 3
+    model_id = job["model_id"]
+
+    rows = data.features.slice(0, 5).to_pylist()
+    by_json = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": rows})
+    assert by_json.status_code == 200, by_json.text
+    by_file = client.post(
+        f"/v1/models/{model_id}/predict",
+        headers=AUTH,
+        files={"file": ("rows.csv", csv_bytes(data.features.slice(0, 5)))},
+    )
+    assert by_file.status_code == 200, by_file.text
+    assert by_json.json()["example_id"] == ids[:5] == by_file.json()["example_id"]
+    np.testing.assert_allclose(
+        by_json.json()["prediction"], by_file.json()["prediction"], rtol=1e-5
+    )
+    r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": [{"x0": 1.0}]})
+    assert r.status_code == 422
+    assert "missing_columns" in r.json()["detail"]
+
+    artifact = client.get(f"/v1/models/{model_id}/artifact", headers=AUTH)
+    assert artifact.status_code == 200
+    import torch
+
+    blob = torch.load(io.BytesIO(artifact.content), weights_only=True)
+    assert blob["preprocessing"]["categorical"] == ["city", "device"]
+    assert len(blob["preprocessing"]["vocabularies"][0]) == 20
+
+    # Finished jobs cannot be cancelled.
+    r = client.delete(f"/v1/jobs/{job['id']}", headers=AUTH)
+    assert r.status_code == 409
+
+
+def test_labels_that_do_not_join_are_422(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    data = synthetic(100)
+    labels_party.set_labels([f"zz{i}" for i in range(40)], [1.0] * 40)
+    fs = upload(client, data.features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 422
+    body = r.json()
+    assert body["error"] == "no_join"
+    assert body["detail"]["matched"] == 0 and body["detail"]["unmatched"] == 40
+    assert body["detail"]["num_features"] == 100
+
+
+def test_job_on_labels_of_another_feature_set_that_does_not_join(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    data = synthetic(100)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    fs = upload(client, data.features)
+    received = receive(client, labels_party, fs["id"]).json()
+    other = synthetic(30).features.set_column(
+        0, "example_id", pa.array([f"q{i}" for i in range(30)])
+    )
+    fs2 = upload(client, other)
+    r = client.post(
+        "/v1/jobs", headers=AUTH, json={"feature_set_id": fs2["id"], "labels_id": received["id"]}
+    )
+    assert r.status_code == 422
+    assert r.json()["detail"] == {
+        "num_labels": 100,
+        "num_features": 30,
+        "matched": 0,
+        "unmatched": 100,
+    }
+
+
+def test_labels_party_down_is_502_and_stores_nothing(
+    client: httpx.Client, settings: Settings
+) -> None:
+    fs = upload(client, synthetic(20).features)
+    fake = FakeLabelsParty(url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    r = receive(client, fake, fs["id"])
+    assert r.status_code == 502
+    body = r.json()
+    assert body["error"] == "labels_party_unavailable"
+    assert body["detail"]["attempts"] == settings.client_retries + 1
+    assert not (settings.data_dir / "received").exists()
+    assert list((settings.data_dir / "tmp").glob("*")) == []
+
+
+def test_hash_mismatch_is_refused(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    data = synthetic(50)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    labels_party.wrong_hash = True
+    fs = upload(client, data.features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 502
+    assert r.json()["error"] == "release_integrity_error"
+    assert not (settings.data_dir / "received").exists()
+    # The release exists (it was spent); fetching it again by id is refused too.
+    r = receive(client, labels_party, fs["id"], release=None, release_id="rel-1")
+    assert r.status_code == 502
+
+
+def test_budget_exceeded_is_409(client: httpx.Client, labels_party: FakeLabelsParty) -> None:
+    data = synthetic(20)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    labels_party.budget = 0.5
+    fs = upload(client, data.features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 409
+    assert r.json()["error"] == "budget_exceeded"
+
+
+def test_cancel_a_queued_job(client: httpx.Client, labels_party: FakeLabelsParty) -> None:
+    data = synthetic(100)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    fs = upload(client, data.features)
+    received = receive(client, labels_party, fs["id"]).json()
+    job = client.post(
+        "/v1/jobs", headers=AUTH, json={"feature_set_id": fs["id"], "labels_id": received["id"]}
+    ).json()
+    r = client.delete(f"/v1/jobs/{job['id']}", headers=AUTH)
+    assert r.status_code == 200
+    assert r.json()["status"] == "cancelled"
+
+
+def test_invalid_job_config_is_422(client: httpx.Client) -> None:
+    r = client.post(
+        "/v1/jobs",
+        headers=AUTH,
+        json={
+            "feature_set_id": "a",
+            "labels_id": "b",
+            "task": "regression",
+            "loss": "cross-entropy",
+        },
+    )
+    assert r.status_code == 422
+    assert r.json()["error"] == "invalid_input"
+
+
+def test_a_release_with_repeated_ids_is_refused(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    labels_party.set_labels(["ex0", "ex1", "ex1"], [1.0, 2.0, 3.0])
+    fs = upload(client, synthetic(20).features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 502
+    assert r.json()["error"] == "release_integrity_error"
+    assert not (settings.data_dir / "received").exists()

@@ -1,0 +1,59 @@
+"""The command line: one worker per SQLite database; the progress bar."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from feature_party.cli import progress_line
+from tests.feature_party.conftest import ADMIN
+
+
+def test_a_second_sqlite_worker_is_refused(tmp_path: Path) -> None:
+    env = {**os.environ, "LABELDP_DATA_DIR": str(tmp_path), "LABELDP_ADMIN_TOKEN": ADMIN}
+    env.pop("LABELDP_DATABASE_URL", None)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "feature_party", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "feature-party.db").exists():  # migrated: the lock is held
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.1)
+        second = subprocess.run(
+            [sys.executable, "-m", "feature_party", "worker", "--once"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 2
+        assert "another worker" in second.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+    assert first.returncode == 0
+
+
+def test_progress_line() -> None:
+    job = {
+        "status": "running",
+        "progress": {
+            "epoch": 2,
+            "epochs": 4,
+            "step": 5,
+            "steps_per_epoch": 10,
+            "loss": 0.25,
+            "eta_seconds": 75.0,
+        },
+    }
+    line = progress_line(job, width=20)
+    assert line.startswith("[#######-------------]  37.5%")
+    assert "epoch 2/4 step 5/10" in line and "loss 0.25" in line and "ETA 1:15" in line
+    assert "100.0%" in progress_line({"status": "succeeded", "progress": None})

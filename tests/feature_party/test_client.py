@@ -1,0 +1,165 @@
+"""The labels-party client against the fake labels party on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import httpx
+import pytest
+
+import feature_party.client as client_module
+from feature_party.client import (
+    BudgetExceededError,
+    LabelsPartyClient,
+    LabelsPartyError,
+    LabelsPartyHTTPError,
+    LabelsPartyUnavailableError,
+    ReleaseIntegrityError,
+)
+from shared.protocol import ReleaseCreate
+from tests.feature_party.fake_labels_party import (
+    TOKEN,
+    FakeLabelsParty,
+    dropping_server,
+    free_port,
+)
+
+REQUEST = ReleaseCreate.model_validate({"mechanism": {"name": "laplace"}, "epsilon": 1})
+
+
+@pytest.fixture
+def fake(labels_party: FakeLabelsParty) -> FakeLabelsParty:
+    labels_party.set_labels(["a", "b", "c"], [1.0, 2.0, 3.0])
+    return labels_party
+
+
+def make(url: str) -> LabelsPartyClient:
+    sleeps: list[float] = []
+    c = LabelsPartyClient(url, TOKEN, timeout=2.0, retries=3, backoff=0.01, sleep=sleeps.append)
+    c.sleeps = sleeps  # type: ignore[attr-defined]
+    return c
+
+
+def test_public_surface_is_complete() -> None:
+    public = {n for n in dir(client_module) if not n.startswith("_")}
+    exported = {
+        n
+        for n in public
+        if isinstance(getattr(client_module, n), type)
+        and getattr(client_module, n).__module__ == client_module.__name__
+    }
+    assert exported - {"T"} <= set(client_module.__all__)
+
+
+def test_release_round_trip(tmp_path: Path, fake: FakeLabelsParty) -> None:
+    with make(fake.url) as c:
+        release = c.create_release(fake.dataset_id, REQUEST)
+        assert release.num_labels == 3
+        assert c.get_release(release.id) == release
+        sha = c.download_labels(release.id, tmp_path / "l.parquet", expected_sha256=release.sha256)
+    assert sha == hashlib.sha256(fake.labels).hexdigest() == release.sha256
+    assert (tmp_path / "l.parquet").read_bytes() == fake.labels
+    assert release.idempotency_key  # the client always sends one
+
+
+def test_retried_release_spends_once(fake: FakeLabelsParty) -> None:
+    fake.fail_posts = 2  # spent, then the answer is lost twice
+    with make(fake.url) as c:
+        release = c.create_release(fake.dataset_id, REQUEST)
+        assert c.sleeps == [pytest.approx(s, abs=1) for s in c.sleeps] and len(c.sleeps) == 2  # type: ignore[attr-defined]
+    assert fake.spent == 1.0
+    assert list(fake.releases) == [release.id]
+    posts = [r for r in fake.requests if r.startswith("POST")]
+    assert len(posts) == 3
+
+
+def test_download_retries_5xx(tmp_path: Path, fake: FakeLabelsParty) -> None:
+    fake.fail_gets = 2
+    with make(fake.url) as c:
+        release = c.create_release(fake.dataset_id, REQUEST)
+        c.download_labels(release.id, tmp_path / "l.parquet", expected_sha256=release.sha256)
+
+
+def test_hash_mismatch_leaves_nothing(tmp_path: Path, fake: FakeLabelsParty) -> None:
+    fake.wrong_hash = True
+    with make(fake.url) as c:
+        release = c.create_release(fake.dataset_id, REQUEST)
+        with pytest.raises(ReleaseIntegrityError):
+            c.download_labels(release.id, tmp_path / "l.parquet", expected_sha256=release.sha256)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_down_and_dropping_servers_raise_unavailable_after_retries() -> None:
+    with (
+        make(f"http://127.0.0.1:{free_port()}") as c,
+        pytest.raises(LabelsPartyUnavailableError) as e,
+    ):
+        c.get_budget("ds")
+    assert e.value.attempts == 4
+    assert len(c.sleeps) == 3  # type: ignore[attr-defined]
+    with dropping_server() as url, make(url) as c:
+        with pytest.raises(LabelsPartyUnavailableError):
+            c.create_release("ds", REQUEST)
+        assert len(c.sleeps) == 3  # type: ignore[attr-defined]
+        # A non-idempotent write is not retried after the request may have arrived.
+        with pytest.raises(LabelsPartyUnavailableError) as e:
+            c.create_client(name="x")
+        assert e.value.attempts == 1
+
+
+def test_errors_are_typed(fake: FakeLabelsParty) -> None:
+    fake.budget = 0.5
+    with make(fake.url) as c:
+        with pytest.raises(BudgetExceededError) as e:
+            c.create_release(fake.dataset_id, REQUEST)
+        assert e.value.status_code == 409 and e.value.error == "budget_exceeded"
+        with pytest.raises(LabelsPartyHTTPError) as e2:
+            c.get_release("nope")
+        assert e2.value.status_code == 404
+    with make(fake.url) as c:
+        c._http.headers["Authorization"] = "Bearer wrong"
+        with pytest.raises(LabelsPartyHTTPError) as e3:
+            c.get_release("x")
+        assert e3.value.status_code == 401
+    assert issubclass(LabelsPartyUnavailableError, LabelsPartyError)
+
+
+def test_sdk_methods_hit_the_contract_paths() -> None:
+    seen: list[tuple[str, str, bytes]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.content))
+        if request.url.path.endswith("/audit"):
+            return httpx.Response(200, json=[])
+        return httpx.Response(200, json={"id": "x", "ok": True})
+
+    with LabelsPartyClient("http://lp", TOKEN, transport=httpx.MockTransport(handler)) as c:
+        c.create_dataset(
+            name="d", task="regression", label_domain={"min": 0, "max": 1}, epsilon_budget=2
+        )
+        c.get_dataset("d1")
+        c.upload_labels("d1", b"example_id,label\na,1\n", filename="l.csv")
+        c.get_budget("d1")
+        c.create_client(name="pub", role="client")
+        c.delete_client("c1")
+        c.create_grant("d1", client_id="c1")
+        assert c.get_audit("d1") == []
+        c.verify_audit()
+        c.preview_mechanism({"mechanism": "rr"})
+        c.health()
+    paths = [(m, p) for m, p, _ in seen]
+    assert paths == [
+        ("POST", "/v1/datasets"),
+        ("GET", "/v1/datasets/d1"),
+        ("POST", "/v1/datasets/d1/labels"),
+        ("GET", "/v1/datasets/d1/budget"),
+        ("POST", "/v1/clients"),
+        ("DELETE", "/v1/clients/c1"),
+        ("POST", "/v1/datasets/d1/grants"),
+        ("GET", "/v1/datasets/d1/audit"),
+        ("GET", "/v1/audit/verify"),
+        ("POST", "/v1/mechanisms/preview"),
+        ("GET", "/healthz"),
+    ]
+    assert b'filename="l.csv"' in seen[2][2]

@@ -1,0 +1,185 @@
+"""The job queue on SQLite and on a real Postgres: exclusive claims, leases,
+guarded transitions, and two worker processes that never run the same job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from feature_party.config import Settings
+from feature_party.db import Database, migrate
+from feature_party.jobs.repository import JobRepository
+from feature_party.jobs.status import Status
+from feature_party.jobs.worker import Worker
+from feature_party.orm import Job, Model, utcnow
+from tests.feature_party.conftest import ADMIN, add_jobs, make_settings, seed_inputs
+
+TINY = {"epochs": 1, "batch_size": 128, "hidden": [8], "validation_fraction": 0.0}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Database, Settings]]:
+    if request.param == "postgres":
+        url = request.getfixturevalue("postgres_url")
+        settings = make_settings(tmp_path, database_url=url)
+    else:
+        settings = make_settings(tmp_path)
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    with database.session() as session:  # a clean queue per test on the shared Postgres db
+        session.query(Model).delete()
+        session.query(Job).delete()
+    yield database, settings
+    database.dispose()
+
+
+def test_concurrent_claims_never_share_a_job(db: tuple[Database, Settings]) -> None:
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    ids = add_jobs(database, fs, labels, 40, **TINY)
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def claimer(i: int) -> None:
+        worker = Worker(database, settings, worker_id=f"w{i}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with lock:
+                if len(claimed) >= len(ids):
+                    return
+            job = worker.claim()
+            if job is not None:
+                with lock:
+                    claimed.append(job)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert Counter(claimed).most_common(1)[0][1] == 1
+    assert sorted(claimed) == sorted(ids)
+    with database.session() as session:
+        attempts = session.scalars(select(Job.attempts)).all()
+    assert set(attempts) == {1}
+
+
+def test_expired_lease_requeues_and_the_old_worker_loses(db: tuple[Database, Settings]) -> None:
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    [job_id] = add_jobs(database, fs, labels, 1, **TINY)
+    with database.session() as session:
+        repo = JobRepository(session)
+        assert repo.claim(worker_id="a", lease_seconds=-1, now=utcnow()) is not None  # expired
+    with database.session() as session:
+        repo = JobRepository(session)
+        job = repo.claim(worker_id="b", lease_seconds=60, now=utcnow())
+        assert job is not None and job.id == job_id and job.attempts == 2
+    with database.session() as session:
+        repo = JobRepository(session)
+        assert not repo.heartbeat(job_id, "a", lease_seconds=60, progress=None)
+        assert repo.heartbeat(job_id, "b", lease_seconds=60, progress={"epoch": 1})
+        stale = Model(
+            id="m-a", job_id=job_id, path="x", task="regression", loss="squared", metrics={}
+        )
+        assert not repo.succeed(job_id, "a", model=stale, metrics={})
+    with database.session() as session:
+        repo = JobRepository(session)
+        fresh = Model(
+            id="m-b", job_id=job_id, path="x", task="regression", loss="squared", metrics={}
+        )
+        assert repo.succeed(job_id, "b", model=fresh, metrics={})
+    with database.session() as session:
+        assert [m.id for m in JobRepository(session).models_of(job_id)] == ["m-b"]
+        assert JobRepository(session).get(job_id).status == Status.SUCCEEDED
+
+
+def test_cancel_stops_a_running_job(db: tuple[Database, Settings]) -> None:
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    [job_id] = add_jobs(database, fs, labels, 1, **TINY)
+    with database.session() as session:
+        JobRepository(session).claim(worker_id="a", lease_seconds=60, now=utcnow())
+    with database.session() as session:
+        assert JobRepository(session).cancel(job_id)
+    with database.session() as session:
+        repo = JobRepository(session)
+        assert not repo.heartbeat(job_id, "a", lease_seconds=60, progress=None)
+        assert not repo.cancel(job_id)  # already final
+        assert repo.claim(worker_id="b", lease_seconds=60, now=utcnow()) is None
+
+
+def test_workers_give_up_on_jobs_that_keep_killing_them(db: tuple[Database, Settings]) -> None:
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    [job_id] = add_jobs(database, fs, labels, 1, **TINY)
+    with database.session() as session:
+        session.get(Job, job_id).attempts = 5  # type: ignore[union-attr]
+        session.get(Job, job_id).status = Status.RUNNING  # type: ignore[union-attr]
+        session.get(Job, job_id).lease_expires_at = utcnow()  # type: ignore[union-attr]
+    assert Worker(database, settings).claim() is None
+    with database.session() as session:
+        job = JobRepository(session).get(job_id)
+        assert job.status == Status.FAILED and "stopped responding" in (job.error or "")
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_two_worker_processes_on_postgres(postgres_url: str, tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, database_url=postgres_url)
+    database = Database(postgres_url)
+    migrate(database.engine)
+    with database.session() as session:
+        session.query(Model).delete()
+        session.query(Job).delete()
+    fs, labels = seed_inputs(database, settings, n=300)
+    ids = add_jobs(database, fs, labels, 6, **TINY)
+    env = {
+        **os.environ,
+        "LABELDP_DATABASE_URL": postgres_url,
+        "LABELDP_DATA_DIR": str(settings.data_dir),
+        "LABELDP_ADMIN_TOKEN": ADMIN,
+        "LABELDP_POLL_SECONDS": "0.1",
+        "LABELDP_HEARTBEAT_SECONDS": "0.5",
+        "OMP_NUM_THREADS": "1",
+    }
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "feature_party", "worker", "--id", f"w{i}"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with database.session() as session:
+                done = session.scalar(select(func.count()).where(Job.status == Status.SUCCEEDED))
+            if done == len(ids):
+                break
+            time.sleep(0.3)
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            _, err = w.communicate(timeout=30)
+            assert w.returncode == 0, err.decode()[-2000:]
+    with database.session() as session:
+        jobs = session.scalars(select(Job)).all()
+        models = session.scalars(select(Model)).all()
+    assert {j.status for j in jobs} == {Status.SUCCEEDED}
+    assert {j.attempts for j in jobs} == {1}  # nobody ran a job twice
+    assert sorted(m.job_id for m in models) == sorted(ids)
+    assert {j.worker_id for j in jobs} <= {"w0", "w1"}
+    database.dispose()

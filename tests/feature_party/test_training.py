@@ -1,0 +1,193 @@
+"""Preprocessing, losses, the loop, checkpoints and the artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from feature_party.training.artifact import load_artifact
+from feature_party.training.config import TrainingConfig
+from feature_party.training.data import ColumnRoles, fit_preprocessing
+from feature_party.training.dataset import load_training_data
+from feature_party.training.loop import Interrupted, Progress, train
+from feature_party.training.losses import make_loss, rr_matrix
+from feature_party.training.runner import RunSpec, execute
+from tests.feature_party.conftest import synthetic
+
+ROLES = ColumnRoles(("x0", "x1", "x2", "x3"), ("city", "device"))
+
+
+def test_preprocessing_vocabulary_oov_and_scaling() -> None:
+    table = pa.table({"n": [1.0, 3.0, None, 5.0], "c": ["a", "b", "a", None]})
+    pre = fit_preprocessing(table, ColumnRoles(("n",), ("c",)), max_vocab=1)
+    assert pre.vocabularies == [["a"]]  # most frequent only; b and null go to OOV
+    t = pre.transform(pa.table({"n": [3.0, None], "c": ["a", "zzz"]}))
+    assert t.categorical.tolist() == [[1], [0]]
+    assert t.numeric[:, 0].tolist() == [0.0, 0.0]  # the mean, and a missing value
+    with pytest.raises(ValueError, match="missing feature columns"):
+        pre.transform(pa.table({"n": [1.0]}))
+
+
+def test_debiased_cross_entropy_is_unbiased() -> None:
+    """E over RR noise of the debiased loss equals the clean loss (Appendix D.1)."""
+    k, eps = 4, 1.0
+    t = rr_matrix(k, eps)
+    loss = make_loss("rr-debiased-cross-entropy", num_classes=k, matrix=t.tolist())
+    raw = torch.randn(5, k)
+    clean = make_loss("cross-entropy", num_classes=k)
+    for y in range(k):
+        expected = sum(
+            float(t[y, o]) * loss.per_example(raw, torch.full((5,), float(o))) for o in range(k)
+        )
+        torch.testing.assert_close(expected, clean.per_example(raw, torch.full((5,), float(y))))
+    # Same as the paper's closed form for RR.
+    p = k / (np.exp(eps) + k - 1)
+    all_l = torch.stack([clean.per_example(raw, torch.full((5,), float(c))) for c in range(k)], 1)
+    closed = (all_l[:, 2] - p / k * all_l.sum(1)) / (1 - p)
+    torch.testing.assert_close(loss.per_example(raw, torch.full((5,), 2.0)), closed)
+    # Without a square matrix, ε gives RR.
+    by_eps = make_loss("rr-debiased-cross-entropy", num_classes=k, epsilon=eps)
+    torch.testing.assert_close(
+        by_eps.per_example(raw, torch.full((5,), 1.0)), loss.per_example(raw, torch.full((5,), 1.0))
+    )
+
+
+def test_regression_losses() -> None:
+    raw = torch.tensor([[0.0], [1.0]])
+    y = torch.tensor([1.0, 1.0])
+    assert make_loss("squared").per_example(raw, y).tolist() == [1.0, 0.0]
+    assert make_loss("absolute").per_example(raw, y).tolist() == [1.0, 0.0]
+    poisson = make_loss("poisson")
+    assert poisson.per_example(raw, y).tolist() == pytest.approx([1.0, np.e - 1])
+    assert poisson.predict(raw).tolist() == pytest.approx([1.0, np.e])
+
+
+def write_data(
+    tmp_path: Path, n: int, *, classes: int | None = None
+) -> tuple[Path, Path, np.ndarray]:
+    data = synthetic(n, seed=5, classes=classes)
+    fp, lp = tmp_path / "f.parquet", tmp_path / "l.parquet"
+    pq.write_table(data.features, fp)
+    pq.write_table(
+        pa.table({"example_id": data.features.column("example_id"), "label": data.noisy}), lp
+    )
+    return fp, lp, data.true
+
+
+def spec(
+    tmp_path: Path, fp: Path, lp: Path, manifest: dict[str, Any] | None = None, **config: object
+) -> RunSpec:
+    return RunSpec(
+        features_path=str(fp),
+        labels_path=str(lp),
+        roles=ROLES.to_dict(),
+        config=TrainingConfig(**config).model_dump(mode="json"),  # type: ignore[arg-type]
+        manifest=manifest or {"mechanism": {"name": "laplace", "epsilon": 1.0}},
+        checkpoint_path=str(tmp_path / "ckpt.pt"),
+        artifact_path=str(tmp_path / "model.pt"),
+    )
+
+
+def test_classification_with_mixup_and_debiased_loss(tmp_path: Path) -> None:
+    fp, lp, true = write_data(tmp_path, 4000, classes=3)
+    manifest = {
+        "mechanism": {
+            "name": "rr",
+            "epsilon": 2.0,
+            "outputs": [0, 1, 2],
+            "matrix": rr_matrix(3, 2.0).tolist(),
+        }
+    }
+    s = spec(
+        tmp_path,
+        fp,
+        lp,
+        manifest,
+        task="classification",
+        loss="rr-debiased-cross-entropy",
+        epochs=4,
+        batch_size=256,
+        mixup_alpha=0.2,
+        optimizer="adam",
+        learning_rate=3e-3,
+        validation_fraction=0.0,
+    )
+    metrics = execute(s)
+    assert metrics["epochs_run"] == 4
+    predictor = load_artifact(Path(s.artifact_path))
+    pred = predictor.predict(pq.read_table(fp))
+    assert set(np.unique(pred)) <= {0, 1, 2}
+    assert (pred == true).mean() > 0.6  # true labels; chance is 1/3
+
+
+def test_interrupt_and_resume_from_checkpoint(tmp_path: Path) -> None:
+    fp, lp, _ = write_data(tmp_path, 2000)
+    s = spec(tmp_path, fp, lp, epochs=4, batch_size=500, hidden=[16], early_stopping_patience=None)
+
+    def stop_after_epoch_2(p: Progress) -> None:
+        if p.epoch == 2 and p.step == p.steps_per_epoch:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        execute(s, report=stop_after_epoch_2)
+    assert torch.load(s.checkpoint_path, weights_only=True)["epoch"] == 2
+    resumed = execute(s)
+    assert resumed["resumed_from_epoch"] == 2
+    assert [h["epoch"] for h in resumed["history"]] == [1.0, 2.0, 3.0, 4.0]
+    # Deterministic per-epoch seeds: a straight run ends with the same weights.
+    straight = spec(
+        tmp_path / "b", fp, lp, epochs=4, batch_size=500, hidden=[16], early_stopping_patience=None
+    )
+    Path(straight.checkpoint_path).parent.mkdir()
+    execute(straight)
+    a = torch.load(s.artifact_path, weights_only=True)["state_dict"]
+    b = torch.load(straight.artifact_path, weights_only=True)["state_dict"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key])
+
+
+def test_early_stopping(tmp_path: Path) -> None:
+    fp, lp, _ = write_data(tmp_path, 1000)
+    config = TrainingConfig(
+        epochs=50,
+        batch_size=100,
+        learning_rate=0.05,
+        optimizer="sgd",
+        early_stopping_patience=1,
+        hidden=[8],
+    )
+    data = load_training_data(
+        features_path=fp, labels_path=lp, roles=ROLES, config=config, manifest={}
+    )
+    result = train(data, config, device=torch.device("cpu"))
+    assert result.metrics["stopped_early"]
+    assert result.metrics["epochs_run"] < 50
+
+
+def test_bad_classification_labels_are_refused(tmp_path: Path) -> None:
+    fp, lp, _ = write_data(tmp_path, 100)  # real-valued labels
+    s = spec(
+        tmp_path,
+        fp,
+        lp,
+        {"mechanism": {"outputs": [0, 1]}},
+        task="classification",
+        loss="cross-entropy",
+    )
+    with pytest.raises(ValueError, match="class indices"):
+        execute(s)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        TrainingConfig(task="classification", loss="squared")
+    with pytest.raises(ValueError, match="mixup"):
+        TrainingConfig(mixup_alpha=0.2)
+    assert TrainingConfig(device=4).world_size == 4
+    assert TrainingConfig(device="cpu", processes=2).world_size == 2

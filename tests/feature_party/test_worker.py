@@ -1,0 +1,101 @@
+"""The worker loop in-process on SQLite: cancellation, shutdown hand-back,
+failures recorded with their reason."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from feature_party.config import Settings
+from feature_party.db import Database, migrate
+from feature_party.jobs.repository import JobRepository
+from feature_party.jobs.status import Status
+from feature_party.jobs.worker import Worker
+from feature_party.orm import Job
+from tests.feature_party.conftest import add_jobs, make_settings, seed_inputs
+
+LONG = {"epochs": 200, "batch_size": 16, "hidden": [8], "early_stopping_patience": None}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[Database, Settings, str, str]]:
+    settings = make_settings(tmp_path)
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    fs, labels = seed_inputs(database, settings, n=800)
+    yield database, settings, fs, labels
+    database.dispose()
+
+
+def job_row(database: Database, job_id: str) -> Job:
+    with database.session() as session:
+        return JobRepository(session).get(job_id)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def start(worker: Worker, job_id: str) -> threading.Thread:
+    thread = threading.Thread(target=worker.run_job, args=(job_id,))
+    assert worker.claim() == job_id
+    thread.start()
+    return thread
+
+
+def test_cancelling_a_running_job_stops_the_worker(
+    env: tuple[Database, Settings, str, str],
+) -> None:
+    database, settings, fs, labels = env
+    [job_id] = add_jobs(database, fs, labels, 1, **LONG)
+    worker = Worker(database, settings)
+    thread = start(worker, job_id)
+    wait_for(lambda: (job_row(database, job_id).progress or {}).get("epoch", 0) >= 1)
+    with database.session() as session:
+        assert JobRepository(session).cancel(job_id)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    job = job_row(database, job_id)
+    assert job.status == Status.CANCELLED and job.model_id is None
+    assert not (settings.data_dir / "jobs" / job_id).exists()
+
+
+def test_shutdown_gives_the_job_back_and_it_resumes(
+    env: tuple[Database, Settings, str, str],
+) -> None:
+    database, settings, fs, labels = env
+    [job_id] = add_jobs(database, fs, labels, 1, **{**LONG, "epochs": 30})
+    worker = Worker(database, settings)
+    thread = start(worker, job_id)
+    wait_for(lambda: (job_row(database, job_id).progress or {}).get("epoch", 0) >= 2)
+    worker.shutdown.set()  # what SIGTERM does
+    thread.join(timeout=30)
+    job = job_row(database, job_id)
+    assert job.status == Status.QUEUED and job.worker_id is None
+    assert (settings.data_dir / "jobs" / job_id / "checkpoint.pt").exists()
+    assert Worker(database, settings).run(once=True) == 1
+    job = job_row(database, job_id)
+    assert job.status == Status.SUCCEEDED
+    assert job.metrics is not None and job.metrics["resumed_from_epoch"] >= 1
+
+
+def test_failures_are_recorded(env: tuple[Database, Settings, str, str]) -> None:
+    database, settings, fs, labels = env
+    [gpu_job] = add_jobs(database, fs, labels, 1, device="cuda", epochs=1)
+    [bad_labels] = add_jobs(
+        database, fs, labels, 1, task="classification", loss="cross-entropy", num_classes=2
+    )
+    assert Worker(database, settings).run(once=True) == 2
+    gpu = job_row(database, gpu_job)
+    assert gpu.status == Status.FAILED
+    assert gpu.error is not None and "no GPU" in gpu.error
+    bad = job_row(database, bad_labels)
+    assert bad.status == Status.FAILED
+    assert bad.error is not None and "class indices" in bad.error
