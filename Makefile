@@ -13,9 +13,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)  ## create .venv with pinned dependencies (CPU torch)
 
-demo: setup  ## the end-to-end demo on the embedded default
-	$(BIN)/labeldp mechanism preview --mechanism rr-on-bins --epsilon 1 \
-	    --input examples/randhie-meddol-prior.json
+demo: setup  ## the end-to-end demo on the embedded default (report in ./labeldp-demo)
+	$(BIN)/labeldp demo
 
 lint: setup
 	$(BIN)/ruff check .
@@ -29,6 +28,7 @@ test: setup lint  ## lint, type-check and run every test (starts Postgres if it 
 bench: setup  ## mechanism benchmarks; writes bench/results/
 	$(BIN)/python -m bench.mechanisms
 	$(BIN)/python -m bench.bench_training
+	$(BIN)/python -m bench.bench_label_service
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

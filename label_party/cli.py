@@ -1,9 +1,10 @@
-"""Subcommands of the labels party: ``mechanism preview`` (and the service)."""
+"""Subcommands of the labels party: ``mechanism preview`` and ``label-party serve``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,20 @@ class CommandError(Exception):
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    party = commands.add_parser("label-party", help="the labels-party service")
+    party_cmds = party.add_subparsers(dest="label_party_command", required=True, metavar="ACTION")
+    serve = party_cmds.add_parser(
+        "serve",
+        help="run the HTTP API (settings from LABELDP_* environment variables)",
+        description="Run the labels-party API. Settings come from LABELDP_* variables: "
+        "LABELDP_DATABASE_URL (default: SQLite in LABELDP_DATA_DIR, default ./labeldp-data), "
+        "LABELDP_ADMIN_TOKEN (required unless LABELDP_MODE=dev). Migrates on start.",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8001)
+    serve.set_defaults(handler=run_serve)
+    _register_client_commands(party_cmds)
+
     mech = commands.add_parser("mechanism", help="inspect label mechanisms without data")
     mech_cmds = mech.add_subparsers(dest="mechanism_command", required=True, metavar="ACTION")
     names = "\n".join(f"  {s.name:<20} {s.summary}" for s in MECHANISMS.values())
@@ -111,3 +126,165 @@ def run_preview(args: argparse.Namespace) -> int:
         print(f"outputs ({len(outs):>4})    {shown}")
     print(f"fitted in         {result['seconds'] * 1000:.1f} ms")
     return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from pydantic import ValidationError
+
+    from label_party.app import create_app
+    from label_party.config import Settings
+    from shared.logging import configure_logging
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]) for e in exc.errors())
+        raise CommandError(f"invalid settings: {problems}") from None
+    configure_logging(settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        access_log=False,
+    )
+    return 0
+
+
+# -- client commands: the operator's side of the HTTP API ---------------------------
+
+
+def _register_client_commands(
+    cmds: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        p = cmds.add_parser(name, help=help_)
+        p.add_argument("--url", default=os.environ.get("LABELDP_URL", "http://127.0.0.1:8001"))
+        p.add_argument(
+            "--token", default=os.environ.get("LABELDP_TOKEN"), help="default: $LABELDP_TOKEN"
+        )
+        return p
+
+    p = add("create-dataset", "create a dataset (admin)")
+    p.add_argument("--name", required=True)
+    p.add_argument("--task", choices=["regression", "classification"], default="regression")
+    p.add_argument("--domain", required=True, help='JSON, e.g. \'{"min": 0, "max": 100}\'')
+    p.add_argument("--epsilon-budget", required=True)
+    p.set_defaults(handler=_create_dataset)
+    p = add("upload", "upload a dataset's labels (.csv, .parquet, .jsonl)")
+    p.add_argument("dataset")
+    p.add_argument("file", type=Path)
+    p.set_defaults(handler=_upload)
+    p = add("release", "spend ε on a release; prints its manifest")
+    p.add_argument("dataset")
+    p.add_argument("--mechanism", required=True)
+    p.add_argument("--epsilon", required=True)
+    p.add_argument("--prior-epsilon")
+    p.add_argument("--parts", help="comma-separated part names")
+    p.add_argument("--idempotency-key")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(handler=_release)
+    p = add("download", "download a release's noisy labels")
+    p.add_argument("release")
+    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--format", choices=["parquet", "json"], default="parquet")
+    p.set_defaults(handler=_download)
+    p = add("budget", "a dataset's budget and spend")
+    p.add_argument("dataset")
+    p.set_defaults(handler=_budget)
+    p = add("verify-audit", "recompute the audit chain and the ledger")
+    p.set_defaults(handler=_verify)
+
+
+def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
+    import httpx
+
+    if not args.token:
+        raise CommandError("a token is required (--token or LABELDP_TOKEN)")
+    try:
+        response = httpx.request(
+            method,
+            args.url.rstrip("/") + path,
+            headers={"Authorization": f"Bearer {args.token}"},
+            timeout=600,
+            **kwargs,
+        )
+    except httpx.TransportError as exc:
+        raise CommandError(f"cannot reach {args.url}: {exc}") from None
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+            message = f"{body['error']}: {body['message']}"
+            if body.get("detail"):
+                message += f" {json.dumps(body['detail'])}"
+        except (ValueError, KeyError, TypeError):
+            message = f"HTTP {response.status_code}"
+        raise CommandError(message)
+    return response
+
+
+def _print(response: Any) -> int:
+    print(json.dumps(response.json(), indent=2))
+    return 0
+
+
+def _create_dataset(args: argparse.Namespace) -> int:
+    try:
+        domain = json.loads(args.domain)
+    except json.JSONDecodeError:
+        raise CommandError("--domain must be JSON") from None
+    body = {
+        "name": args.name,
+        "task": args.task,
+        "label_domain": domain,
+        "epsilon_budget": args.epsilon_budget,
+    }
+    return _print(_request(args, "POST", "/v1/datasets", json=body))
+
+
+def _upload(args: argparse.Namespace) -> int:
+    try:
+        with args.file.open("rb") as fh:
+            response = _request(
+                args,
+                "POST",
+                f"/v1/datasets/{args.dataset}/labels",
+                files={"file": (args.file.name, fh)},
+            )
+    except OSError as exc:
+        raise CommandError(f"cannot read {args.file}: {exc.strerror}") from None
+    return _print(response)
+
+
+def _release(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {
+        "mechanism": {"name": args.mechanism, **_parse_params(args.param)},
+        "epsilon": args.epsilon,
+    }
+    if args.prior_epsilon is not None:
+        body["prior_epsilon"] = args.prior_epsilon
+    if args.parts:
+        body["parts"] = [p for p in args.parts.split(",") if p]
+    if args.idempotency_key:
+        body["idempotency_key"] = args.idempotency_key
+    return _print(_request(args, "POST", f"/v1/datasets/{args.dataset}/releases", json=body))
+
+
+def _download(args: argparse.Namespace) -> int:
+    response = _request(
+        args, "GET", f"/v1/releases/{args.release}/labels", params={"format": args.format}
+    )
+    args.output.write_bytes(response.content)
+    print(f"wrote {len(response.content)} bytes to {args.output}")
+    return 0
+
+
+def _budget(args: argparse.Namespace) -> int:
+    return _print(_request(args, "GET", f"/v1/datasets/{args.dataset}/budget"))
+
+
+def _verify(args: argparse.Namespace) -> int:
+    response = _request(args, "GET", "/v1/audit/verify")
+    _print(response)
+    return 0 if response.json()["ok"] else 1

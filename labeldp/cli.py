@@ -12,11 +12,13 @@ import sys
 from collections.abc import Sequence
 
 from feature_party import cli as feature_cli
+from feature_party.client import LabelsPartyError
 from label_party import cli as label_cli
+from labeldp import demo
+from labeldp.processes import ServiceStartError
 
-
-class UsageError(Exception):
-    """Bad input from the command line: printed as one line, exit status 2."""
+#: Failures of a run (a service down, a step refused): one line, exit status 1.
+RUNTIME_ERRORS = (demo.DemoError, LabelsPartyError, ServiceStartError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     label_cli.register(commands)
     feature_cli.register(commands)
+    demo.register(commands)
     return parser
 
 
@@ -38,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (label_cli.CommandError, feature_cli.CommandError, ValueError) as exc:
         print(f"labeldp: error: {exc}", file=sys.stderr)
         return 2
+    except RUNTIME_ERRORS as exc:
+        print(f"labeldp: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("labeldp: interrupted", file=sys.stderr)
         return 130

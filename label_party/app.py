@@ -1,0 +1,68 @@
+"""The labels-party FastAPI application (``labeldp label-party serve``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from label_party import exception_handlers
+from label_party.audit.endpoints import router as audit_router
+from label_party.clients.endpoints import router as clients_router
+from label_party.config import Settings
+from label_party.datasets.endpoints import router as datasets_router
+from label_party.db import connect, migrate, transaction
+from label_party.health import router as health_router
+from label_party.labels.endpoints import router as labels_router
+from label_party.limits import BodyLimitMiddleware
+from label_party.observability import EPSILON_SPENT, RequestContextMiddleware
+from label_party.partitions.endpoints import router as partitions_router
+from label_party.previews.endpoints import router as previews_router
+from label_party.releases.endpoints import router as releases_router
+from label_party.storage import sweep_orphans
+
+logger = logging.getLogger("label_party")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        db = connect(settings.resolved_database_url)
+        migrate(db.engine)
+        with transaction(db.writer) as session:
+            sweep_orphans(settings, session)
+        app.state.db = db
+        EPSILON_SPENT.db = db
+        logger.info("service ready", extra={"fields": {"mode": settings.mode}})
+        try:
+            yield
+        finally:
+            db.dispose()
+
+    app = FastAPI(
+        title="labeldp labels party",
+        version="0.1.0",
+        summary="Label-DP releases of a labels party's data, against an ε budget per dataset.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    exception_handlers.install(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(RequestContextMiddleware)
+    for router in (
+        datasets_router,
+        labels_router,
+        partitions_router,
+        releases_router,
+        clients_router,
+        audit_router,
+        previews_router,
+        health_router,
+    ):
+        app.include_router(router)
+    return app

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from label_party.audit import service
+from label_party.auth import require, visible_dataset
+from label_party.deps import PrincipalDep, SessionDep
+from label_party.exception_handlers import responses
+
+router = APIRouter(tags=["audit"])
+
+
+class AuditEntryRead(BaseModel):
+    seq: int
+    created_at: str
+    actor: str
+    action: str
+    dataset_id: str | None
+    payload: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+class AuditPage(BaseModel):
+    entries: list[AuditEntryRead]
+    #: Pass as ``after`` for the next page; ``None`` on the last page.
+    next_after: int | None
+
+
+class VerificationRead(BaseModel):
+    ok: bool
+    entries: int
+    first_bad_entry: int | None = None
+    reason: str | None = None
+
+
+@router.get(
+    "/v1/datasets/{dataset_id}/audit",
+    response_model=AuditPage,
+    responses=responses(401, 403, 404),
+    summary="Page through a dataset's audit entries (admin, auditor)",
+)
+def dataset_audit(
+    dataset_id: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> AuditPage:
+    require(principal, "admin", "auditor")
+    dataset = visible_dataset(session, principal, dataset_id)
+    return _page(session, dataset.id, after, limit)
+
+
+@router.get(
+    "/v1/audit",
+    response_model=AuditPage,
+    responses=responses(401, 403),
+    summary="Page through the whole audit chain (admin, auditor)",
+)
+def audit_log(
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> AuditPage:
+    require(principal, "admin", "auditor")
+    return _page(session, None, after, limit)
+
+
+def _page(session: Session, dataset_id: str | None, after: int, limit: int) -> AuditPage:
+    rows = service.page(session, dataset_id=dataset_id, after=after, limit=limit)
+    entries = [
+        AuditEntryRead(
+            seq=r.seq,
+            created_at=r.created_at,
+            actor=r.actor,
+            action=r.action,
+            dataset_id=r.dataset_id,
+            payload=json.loads(r.payload),
+            prev_hash=r.prev_hash,
+            hash=r.hash,
+        )
+        for r in rows
+    ]
+    return AuditPage(entries=entries, next_after=rows[-1].seq if len(rows) == limit else None)
+
+
+@router.get(
+    "/v1/audit/verify",
+    response_model=VerificationRead,
+    responses=responses(401, 403),
+    summary="Recompute the hash chain and every part's spend from the log (admin, auditor)",
+)
+def verify(session: SessionDep, principal: PrincipalDep) -> VerificationRead:
+    require(principal, "admin", "auditor")
+    result = service.verify(session)
+    return VerificationRead(
+        ok=result.ok,
+        entries=result.entries,
+        first_bad_entry=result.first_bad_entry,
+        reason=result.reason,
+    )

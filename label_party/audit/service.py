@@ -1,0 +1,186 @@
+"""The append-only, hash-chained audit log (DESIGN.md §3.6).
+
+Entry ``n`` stores ``hash = SHA-256(canonical JSON of [seq, created_at, actor,
+action, dataset_id, payload, prev_hash])`` with ``prev_hash`` the hash of entry
+``n − 1`` (64 zeros for the first). Appends are serialized
+(:func:`label_party.db.lock_audit_chain`) and numbered without gaps, so
+verification can tell a deleted entry from a missing one.
+
+Verification recomputes the chain, then re-derives every dataset's budget and
+every part's spend from the entries and compares them with the ledger tables.
+Payloads carry ids and privacy amounts only — never a label value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from label_party.audit import repository
+from label_party.datasets import repository as datasets_repository
+from label_party.db import lock_audit_chain
+from label_party.ledger import repository as ledger_repository
+from label_party.ledger.accounting import Cost, compose
+from label_party.models import AuditEntry
+
+GENESIS = "0" * 64
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def entry_hash(
+    *,
+    seq: int,
+    created_at: str,
+    actor: str,
+    action: str,
+    dataset_id: str | None,
+    payload: str,
+    prev_hash: str,
+) -> str:
+    text = canonical([seq, created_at, actor, action, dataset_id, payload, prev_hash])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def append(
+    session: Session,
+    *,
+    actor: str,
+    action: str,
+    dataset_id: str | None = None,
+    payload: dict[str, Any] | None = None,
+) -> AuditEntry:
+    """Append one entry at the end of the chain (inside the caller's transaction)."""
+    lock_audit_chain(session)
+    last = repository.last(session)
+    seq = 1 if last is None else last.seq + 1
+    prev = GENESIS if last is None else last.hash
+    created_at = datetime.now(UTC).isoformat()
+    body = canonical(payload or {})
+    entry = AuditEntry(
+        seq=seq,
+        created_at=created_at,
+        actor=actor,
+        action=action,
+        dataset_id=dataset_id,
+        payload=body,
+        prev_hash=prev,
+        hash=entry_hash(
+            seq=seq,
+            created_at=created_at,
+            actor=actor,
+            action=action,
+            dataset_id=dataset_id,
+            payload=body,
+            prev_hash=prev,
+        ),
+    )
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def page(session: Session, *, dataset_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+    """Entries after sequence number ``after`` (of one dataset, or all), in order."""
+    return repository.page(session, dataset_id=dataset_id, after=after, limit=limit)
+
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    entries: int
+    first_bad_entry: int | None = None
+    reason: str | None = None
+
+
+def verify(session: Session, *, batch: int = 5000) -> Verification:
+    """Recompute the chain and the budget ledger from the audit entries."""
+    prev, expected_seq, count = GENESIS, 1, 0
+    budgets: dict[str, tuple[int, int, int]] = {}  # dataset -> (seq, ε budget, δ budget)
+    releases: dict[str, tuple[int, str, Cost]] = {}  # ledger entry -> (seq, dataset, cost)
+    after = 0
+    while rows := page(session, dataset_id=None, after=after, limit=batch):
+        for row in rows:
+            count += 1
+            if row.seq != expected_seq:
+                return Verification(False, count, expected_seq, "entry missing from the chain")
+            recomputed = entry_hash(
+                seq=row.seq,
+                created_at=row.created_at,
+                actor=row.actor,
+                action=row.action,
+                dataset_id=row.dataset_id,
+                payload=row.payload,
+                prev_hash=row.prev_hash,
+            )
+            if row.prev_hash != prev or recomputed != row.hash:
+                return Verification(False, count, row.seq, "hash does not match the entry")
+            try:
+                payload = json.loads(row.payload)
+            except ValueError:
+                return Verification(False, count, row.seq, "payload is not JSON")
+            if row.action == "dataset.created" and row.dataset_id is not None:
+                budgets[row.dataset_id] = (
+                    row.seq,
+                    int(payload["epsilon_budget_units"]),
+                    int(payload["delta_budget_units"]),
+                )
+            elif row.action == "release.created" and row.dataset_id is not None:
+                parts = payload.get("parts")
+                releases[payload["ledger_entry_id"]] = (
+                    row.seq,
+                    row.dataset_id,
+                    Cost(
+                        int(payload["epsilon_units"]),
+                        int(payload["delta_units"]),
+                        None if parts is None else tuple(parts),
+                    ),
+                )
+            prev, expected_seq, after = row.hash, expected_seq + 1, row.seq
+    return _verify_ledger(session, count, budgets, releases)
+
+
+def _verify_ledger(
+    session: Session,
+    count: int,
+    budgets: dict[str, tuple[int, int, int]],
+    releases: dict[str, tuple[int, str, Cost]],
+) -> Verification:
+    bad: list[tuple[int, str]] = []
+    for dataset in datasets_repository.list_all(session):
+        logged = budgets.get(dataset.id)
+        if logged is None:
+            bad.append((0, f"dataset {dataset.id} has no creation entry"))
+        elif (logged[1], logged[2]) != (dataset.epsilon_budget, dataset.delta_budget):
+            bad.append((logged[0], f"budget of dataset {dataset.id} differs from the log"))
+    seen: set[str] = set()
+    for entry in ledger_repository.all_entries(session):
+        seen.add(entry.id)
+        logged_release = releases.get(entry.id)
+        parts = None if entry.parts is None else tuple(entry.parts)
+        if logged_release is None:
+            bad.append((0, f"ledger entry {entry.id} has no audit entry"))
+        elif logged_release[1:] != (entry.dataset_id, Cost(entry.epsilon, entry.delta, parts)):
+            bad.append((logged_release[0], f"ledger entry {entry.id} differs from the log"))
+    for ledger_id, (seq, _dataset, _cost) in releases.items():
+        if ledger_id not in seen:
+            bad.append((seq, f"ledger entry {ledger_id} is missing"))
+    # Re-derived per-part spend must stay within each logged budget.
+    for dataset_id, (seq, eps_budget, delta_budget) in budgets.items():
+        costs = [c for (_s, d, c) in releases.values() if d == dataset_id]
+        spend = compose(costs)
+        eps, delta = spend.worst(None)
+        if eps > eps_budget or delta > delta_budget:
+            last = max((s for (s, d, _c) in releases.values() if d == dataset_id), default=seq)
+            bad.append((last, f"dataset {dataset_id} spends more than its budget"))
+    if bad:
+        seq, reason = min(bad, key=lambda item: (item[0] == 0, item[0]))
+        return Verification(False, count, seq or None, reason)
+    return Verification(True, count)

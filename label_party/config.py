@@ -1,0 +1,88 @@
+"""Settings of the labels-party service, from ``LABELDP_*`` environment variables.
+
+``LABELDP_MODE`` is ``production`` unless set to ``dev`` or ``test``. Outside those
+two modes an admin token is required and an empty or well-known one is refused;
+the test-only switches (a deterministic seed, a crash point) are refused too.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Secrets nobody may deploy with.
+WEAK_TOKENS = frozenset({"", "admin", "changeme", "change-me", "secret", "token", "password"})
+
+#: Where a test may ask the server to SIGKILL itself (crash-safety tests).
+CrashPoint = Literal["release_before_commit"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LABELDP_", extra="ignore")
+
+    mode: Literal["production", "dev", "test"] = "production"
+    data_dir: Path = Path("./labeldp-data")
+    database_url: str | None = None
+    admin_token: SecretStr | None = None
+    #: Largest accepted label upload, in bytes (413 above).
+    max_upload_bytes: int = Field(default=2 << 30, gt=0)
+    #: Labels randomized per chunk in a release (bounded working memory).
+    chunk_size: int = Field(default=1 << 20, gt=0)
+    #: Largest label grid a regression domain may declare.
+    max_grid_size: int = Field(default=10_001, gt=1)
+    log_level: str = "INFO"
+    #: Test-only: releases draw from a generator seeded with this and the release id.
+    test_seed: int | None = None
+    #: Test-only: SIGKILL the server at this point of a release.
+    test_crash_point: CrashPoint | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> Settings:
+        relaxed = self.mode in ("dev", "test")
+        token = self.admin_token.get_secret_value() if self.admin_token else ""
+        if not relaxed:
+            if token.strip().lower() in WEAK_TOKENS or len(token) < 16:
+                raise ValueError(
+                    "LABELDP_ADMIN_TOKEN must be set to a secret of at least 16 characters "
+                    "(or set LABELDP_MODE=dev for local development)"
+                )
+            if self.test_seed is not None or self.test_crash_point is not None:
+                raise ValueError(
+                    "LABELDP_TEST_SEED and LABELDP_TEST_CRASH_POINT need LABELDP_MODE=test or dev"
+                )
+        if self.test_crash_point is not None and self.mode != "test":
+            raise ValueError("LABELDP_TEST_CRASH_POINT needs LABELDP_MODE=test")
+        return self
+
+    @cached_property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'label_party.sqlite3').resolve()}"
+
+    @property
+    def admin_token_value(self) -> str | None:
+        """The admin token; in dev/test mode without one, the admin API is closed."""
+        if self.admin_token is None or not self.admin_token.get_secret_value():
+            return None
+        return self.admin_token.get_secret_value()
+
+    @property
+    def labels_dir(self) -> Path:
+        return self.data_dir / "labels"
+
+    @property
+    def releases_dir(self) -> Path:
+        return self.data_dir / "releases"
+
+    @property
+    def partitions_dir(self) -> Path:
+        return self.data_dir / "partitions"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.data_dir / "tmp"

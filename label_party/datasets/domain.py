@@ -1,0 +1,84 @@
+"""Declared label domains: public configuration, never computed from labels (DESIGN.md §3.2).
+
+Regression: ``{"min", "max", "clip": false, "step" | "grid_size": 101}`` — the grid
+is ``min, min+step, …, max`` or ``grid_size`` evenly spaced values. Classification:
+``{"num_classes": K}`` or ``{"classes": [names…]}``; labels are class indices
+``0 … K−1`` (uploads may use the names).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from label_party.mechanisms.base import FloatArray
+
+
+class RegressionDomain(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["regression"] = "regression"
+    min: float
+    max: float
+    clip: bool = False
+    step: float | None = Field(default=None, gt=0)
+    grid_size: int | None = Field(default=None, ge=2, le=100_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> RegressionDomain:
+        if not (math.isfinite(self.min) and math.isfinite(self.max)) or self.min >= self.max:
+            raise ValueError("the domain needs finite min < max")
+        if self.step is not None and self.grid_size is not None:
+            raise ValueError("give either step or grid_size, not both")
+        if self.step is not None:
+            count = (self.max - self.min) / self.step
+            if abs(count - round(count)) > 1e-9 * max(1.0, count):
+                raise ValueError("(max − min) must be a whole number of steps")
+        return self
+
+    @property
+    def size(self) -> int:
+        if self.step is not None:
+            return round((self.max - self.min) / self.step) + 1
+        return self.grid_size or 101
+
+    def grid(self) -> FloatArray:
+        values: FloatArray = np.linspace(self.min, self.max, self.size)
+        return values
+
+
+class ClassificationDomain(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["classification"] = "classification"
+    num_classes: int | None = Field(default=None, ge=2, le=100_000)
+    classes: list[str] | None = Field(default=None, min_length=2, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> ClassificationDomain:
+        if (self.num_classes is None) == (self.classes is None):
+            raise ValueError("give exactly one of num_classes or classes")
+        if self.classes is not None and len(set(self.classes)) != len(self.classes):
+            raise ValueError("class names must be distinct")
+        return self
+
+    @property
+    def size(self) -> int:
+        if self.classes is not None:
+            return len(self.classes)
+        assert self.num_classes is not None
+        return self.num_classes
+
+    def grid(self) -> FloatArray:
+        values: FloatArray = np.arange(self.size, dtype=np.float64)
+        return values
+
+
+def parse_domain(task: str, raw: dict[str, object]) -> RegressionDomain | ClassificationDomain:
+    data = {k: v for k, v in raw.items() if k != "kind"}
+    if task == "regression":
+        return RegressionDomain.model_validate(data)
+    return ClassificationDomain.model_validate(data)

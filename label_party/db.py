@@ -1,0 +1,125 @@
+"""Engine, sessions and migrations.
+
+Transactions: one session per request; it commits when the endpoint returns and
+rolls back when it raises (services never commit). Writers are serialized where a
+check-then-write needs it: on Postgres the service locks the dataset row
+(``SELECT … FOR UPDATE``) and the audit chain takes a transaction-scoped advisory
+lock; on SQLite every request that may write opens its transaction with
+``BEGIN IMMEDIATE`` (through a second engine, :attr:`Database.writer`), which takes
+the database's single write lock at the transaction's first statement.
+
+A transaction that holds a lock must never wait for another worker thread (with
+every worker blocked on the lock it would never get one): authentication runs in
+a short read transaction of its own, and write endpoints do all their database
+work in one worker-thread call (:func:`label_party.deps.in_worker_thread`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+#: Seconds a SQLite writer waits for the write lock before giving up.
+SQLITE_BUSY_TIMEOUT = 300
+
+
+@dataclass
+class Database:
+    """The engine, and the session factories for readers and writers."""
+
+    engine: Engine
+    writer_engine: Engine
+
+    def __post_init__(self) -> None:
+        self.reader = sessionmaker(self.engine, expire_on_commit=False)
+        self.writer = sessionmaker(self.writer_engine, expire_on_commit=False)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self.writer_engine is not self.engine:
+            self.writer_engine.dispose()
+
+
+def connect(url: str) -> Database:
+    if url.startswith("sqlite"):
+        return Database(_sqlite_engine(url, immediate=False), _sqlite_engine(url, immediate=True))
+    engine = create_engine(url, pool_size=20, max_overflow=50, pool_pre_ping=True)
+    return Database(engine, engine)
+
+
+def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
+    engine = create_engine(
+        url,
+        poolclass=NullPool,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy (not the driver) decide when transactions begin.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+@contextmanager
+def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error.
+
+    An exception whose ``commit_session`` attribute is true (a refusal whose audit
+    entry must persist, see :mod:`label_party.exceptions`) is re-raised after commit.
+    """
+    session = factory()
+    try:
+        yield session
+    except BaseException as exc:
+        if getattr(exc, "commit_session", False):
+            session.commit()
+        else:
+            session.rollback()
+        raise
+    else:
+        session.commit()
+    finally:
+        session.close()
+
+
+def lock_audit_chain(session: Session) -> None:
+    """Serialize appends to the audit chain until this transaction ends.
+
+    SQLite writers already hold the database's write lock (``BEGIN IMMEDIATE``).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(7358001)"))
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest revision (run at server start)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            # Servers starting together migrate one after the other.
+            connection.execute(text("SELECT pg_advisory_xact_lock(7358002)"))
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")

@@ -1,0 +1,66 @@
+"""``Annotated`` dependency aliases shared by the routers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from label_party.auth import Principal, authenticate
+from label_party.config import Settings
+from label_party.db import Database, transaction
+
+T = TypeVar("T")
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One transaction per request; writers (non-GET) serialize on SQLite."""
+    db: Database = request.app.state.db
+    write = request.method not in ("GET", "HEAD", "OPTIONS")
+    with transaction(db.writer if write else db.reader) as session:
+        yield session
+
+
+async def in_worker_thread(work: Callable[[], T]) -> T:
+    """Run an endpoint's whole database work in one worker-thread call.
+
+    Write endpoints are ``async`` and call this once: a transaction that holds a
+    lock (SQLite's write lock, a Postgres row lock) must never wait for a second
+    worker thread — with every worker blocked on that lock, it would never get one.
+    The request session commits afterwards without a worker token (FastAPI runs
+    the exit of a dependency on its own limiter).
+    """
+    return await run_in_threadpool(work)
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+# scope="function": commit before the response is sent, so a client that reads
+# right after a 201 sees what it created.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+_bearer = HTTPBearer(auto_error=False, description="admin token or a client token")
+
+
+def get_principal(
+    request: Request,
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """Authenticate in a short read transaction of its own (see :mod:`label_party.db`)."""
+    token = credentials.credentials if credentials is not None else None
+    db: Database = request.app.state.db
+    with transaction(db.reader) as session:
+        return authenticate(session, token, settings.admin_token_value)
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -1,0 +1,91 @@
+"""Partition plans: a label-independent assignment of examples to named parts.
+
+The features party (or the operator) registers one plan per dataset, from
+features only (LP-MST stages); a release may then touch chosen parts, and the
+ledger composes per part (DESIGN.md §3.4). A plan is fixed once registered
+(409 on a second one): replacing it would change which examples past releases
+touched. Examples outside the plan belong to no part and are touched only by
+whole-dataset releases. Nothing here reads labels.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import IO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from sqlalchemy.orm import Session
+
+from label_party.audit import service as audit
+from label_party.auth import Principal
+from label_party.config import Settings
+from label_party.exceptions import ConflictError, InvalidRequestError
+from label_party.labels.validation import (
+    FileFormat,
+    as_strings,
+    mark,
+    mark_ids,
+    read_table,
+    report,
+)
+from label_party.ledger.service import lock_dataset
+from label_party.models import Dataset, PartitionPlan
+from label_party.partitions import repository
+from label_party.storage import write_table
+
+COLUMNS = ("example_id", "part")
+MAX_PARTS = 10_000
+MAX_PART_NAME = 200
+REASONS = ("", "missing example_id", "duplicate example_id", "missing part", "part name too long")
+SCHEMA = pa.schema([("example_id", pa.string()), ("part", pa.string())])
+
+
+def get_plan(session: Session, dataset_id: str) -> PartitionPlan | None:
+    return repository.for_dataset(session, dataset_id)
+
+
+def register(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    dataset: Dataset,
+    source: IO[bytes],
+    fmt: FileFormat,
+) -> PartitionPlan:
+    dataset = lock_dataset(session, dataset.id)
+    if get_plan(session, dataset.id) is not None:
+        raise ConflictError("the dataset already has a partition plan")
+    table = read_table(source, fmt, COLUMNS)
+    if table.num_rows == 0:
+        raise InvalidRequestError("the file has no rows")
+    ids, parts = as_strings(table.column("example_id")), as_strings(table.column("part"))
+    reasons = np.zeros(table.num_rows, dtype=np.int8)
+    mark_ids(reasons, ids)
+    mark(reasons, pc.fill_null(pc.equal(parts, ""), True), 3)
+    mark(reasons, pc.fill_null(pc.greater(pc.utf8_length(parts), MAX_PART_NAME), False), 4)
+    report(reasons, REASONS)
+    counts = pc.value_counts(parts).flatten()
+    if len(counts[0]) > MAX_PARTS:
+        raise InvalidRequestError(f"a plan has at most {MAX_PARTS} parts")
+    sizes = dict(zip(counts[0].to_pylist(), counts[1].to_pylist(), strict=True))
+    clean = pa.table({"example_id": ids, "part": parts}).cast(SCHEMA)
+    sha = write_table(settings, clean, settings.partitions_dir / dataset.id)
+    plan = PartitionPlan(
+        id=str(uuid.uuid4()),
+        dataset_id=dataset.id,
+        parts=sizes,
+        sha256=sha,
+        created_by=principal.id,
+    )
+    session.add(plan)
+    session.flush()
+    audit.append(
+        session,
+        actor=principal.id,
+        action="partition.created",
+        dataset_id=dataset.id,
+        payload={"plan_id": plan.id, "parts": sorted(sizes), "sha256": sha},
+    )
+    return plan

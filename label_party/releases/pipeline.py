@@ -1,0 +1,211 @@
+"""Randomize a dataset's labels into a release file, in chunks of bounded memory.
+
+Regression, finite mechanism (RR-on-bins, unbiased, dbRR): labels are mapped to
+the declared grid by unbiased randomized rounding (the identity for labels on the
+grid), the prior over the grid is a Laplace histogram at ε₁ when the mechanism
+uses one (DESIGN.md §3.2, charged inside the release's ε), the mechanism is
+fitted at ε − ε₁ to (grid, noisy prior), and each example's grid row is sampled.
+Additive mechanisms (Laplace, staircase, exponential) sample on the raw labels
+with the declared (min, max). Classification: ``rr`` by randomized response,
+``rr-with-prior`` with a global noisy histogram prior over the classes.
+
+Two passes over the stored Parquet file: the first rounds labels to grid rows
+(kept as int32, 4 bytes per label), the second samples and writes the output
+batch by batch. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from label_party.datasets.domain import ClassificationDomain, RegressionDomain
+from label_party.exceptions import InvalidRequestError
+from label_party.labels.validation import LABELS_SCHEMA
+from label_party.ledger.units import EPSILON_SCALE
+from label_party.mechanisms import rounding
+from label_party.mechanisms.base import FiniteMechanism, Loss, Mechanism, MechanismError
+from label_party.mechanisms.registry import fit, get_spec
+from label_party.priors import IntegerRandom, default_prior_epsilon, laplace_histogram
+from label_party.storage import ROW_GROUP
+
+#: Mechanisms that may be previewed but never released on their own.
+NOT_RELEASABLE = frozenset({"randomized-rounding"})
+#: Options no request may set: randomness comes from the OS (DESIGN.md §3.5).
+SEED_OPTIONS = frozenset({"seed", "rng", "random_state", "random_seed"})
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """Everything public a release is configured by."""
+
+    mechanism: str
+    params: dict[str, Any]
+    loss: Loss
+    #: The release's total ε (its prior's ε₁ included), exact.
+    epsilon: Decimal
+    prior_epsilon: Decimal | None
+    domain: RegressionDomain | ClassificationDomain
+
+
+@dataclass(frozen=True)
+class Randomized:
+    description: dict[str, Any]
+    prior: list[float] | None
+    prior_epsilon: Decimal
+    num_labels: int
+
+
+def check_plan(plan: ReleasePlan, task: str) -> None:
+    """Refuse what can be refused before any label is read."""
+    spec = get_spec(plan.mechanism)
+    if SEED_OPTIONS & set(plan.params):
+        raise InvalidRequestError("a release cannot choose its randomness (no seed options)")
+    if plan.mechanism in NOT_RELEASABLE:
+        raise InvalidRequestError(
+            f"{plan.mechanism} is not private by itself; it cannot be released"
+        )
+    if spec.task != task:
+        raise InvalidRequestError(
+            f"{plan.mechanism} is a {spec.task} mechanism; the dataset is {task}"
+        )
+    if plan.prior_epsilon is not None:
+        if not spec.uses_prior and plan.prior_epsilon > 0:
+            raise InvalidRequestError(f"{plan.mechanism} does not use a prior; omit prior_epsilon")
+        if spec.uses_prior and not 0 < plan.prior_epsilon < plan.epsilon:
+            raise InvalidRequestError("prior_epsilon must be > 0 and below epsilon")
+    source = plan.params.get("prior_source", "global")
+    if source != "global":
+        raise InvalidRequestError("only prior_source 'global' is supported so far")
+
+
+def _batches(
+    labels_file: Path, selected: pa.Array | None, batch_size: int
+) -> Iterator[tuple[pa.Array, np.ndarray]]:
+    for batch in pq.ParquetFile(labels_file).iter_batches(batch_size=batch_size):
+        ids, values = batch.column(0), batch.column(1)
+        if selected is not None:
+            mask = pc.is_in(ids, value_set=selected)
+            ids, values = ids.filter(mask), values.filter(mask)
+        yield ids, values.to_numpy(zero_copy_only=False)
+
+
+def randomize(
+    plan: ReleasePlan,
+    *,
+    labels_file: Path,
+    out_file: Path,
+    selected: pa.Array | None,
+    rng: np.random.Generator,
+    prior_rng: IntegerRandom | None,
+    chunk_size: int,
+) -> Randomized:
+    """Write the release to ``out_file``; describe the mechanism that made it.
+
+    ``rng`` drives rounding and sampling; ``prior_rng`` the exact integer sampler of
+    the prior's noise (``None``: the OS).
+    """
+    spec = get_spec(plan.mechanism)
+    grid = plan.domain.grid()
+    k = grid.size
+    regression = isinstance(plan.domain, RegressionDomain)
+
+    # Pass 1: grid row of every selected label (finite mechanisms only).
+    rows: np.ndarray | None = None
+    n = 0
+    if spec.finite:
+        parts = []
+        for _ids, values in _batches(labels_file, selected, chunk_size):
+            idx = rounding.round_to_grid(values, grid, rng=rng) if regression else values
+            parts.append(np.asarray(idx).astype(np.int32))
+        rows = np.concatenate(parts) if parts else np.empty(0, np.int32)
+        n = rows.size
+    else:
+        n = sum(len(ids) for ids, _v in _batches(labels_file, selected, chunk_size))
+    if n == 0:
+        raise InvalidRequestError("the release's scope holds no labelled examples")
+
+    prior_eps = Decimal(0)
+    prior: np.ndarray = np.full(k, 1.0 / k)
+    if spec.uses_prior:
+        assert rows is not None
+        if plan.prior_epsilon is not None:
+            prior_eps = plan.prior_epsilon
+        else:
+            split = default_prior_epsilon(num_values=k, num_labels=n, epsilon=float(plan.epsilon))
+            # Rounded down to the ledger's unit, so ε₁ + ε₂ = ε exactly in Decimal.
+            prior_eps = Decimal(math.floor(split * EPSILON_SCALE)) / EPSILON_SCALE
+        if not 0 < prior_eps < plan.epsilon:
+            raise InvalidRequestError("the prior's ε must be > 0 and below the release's ε")
+        prior = np.asarray(
+            laplace_histogram(rows, k, epsilon=float(prior_eps), rng=prior_rng), np.float64
+        )
+
+    bounds = (
+        (plan.domain.min, plan.domain.max) if isinstance(plan.domain, RegressionDomain) else None
+    )
+    mech = fit(
+        plan.mechanism,
+        epsilon=float(plan.epsilon - prior_eps),
+        values=grid,
+        prior=prior,
+        loss=plan.loss,
+        domain=bounds,
+        params={k_: v for k_, v in plan.params.items() if k_ != "prior_source"},
+    )
+    if not np.isfinite(mech.epsilon):
+        raise MechanismError(f"{plan.mechanism} is not private by itself")
+
+    # Pass 2: sample and write, batch by batch.
+    row_of_grid = mech.input_index(grid) if isinstance(mech, FiniteMechanism) else None
+    written = 0
+    with pq.ParquetWriter(out_file, LABELS_SCHEMA, compression="snappy") as writer:
+        for ids, values in _batches(labels_file, selected, chunk_size):
+            noisy = _sample(plan, mech, values, rows, row_of_grid, written, rng, chunk_size)
+            written += len(ids)
+            writer.write_table(
+                pa.table({"example_id": ids, "label": pa.array(noisy, pa.float64())}),
+                row_group_size=ROW_GROUP,
+            )
+    description = mech.describe()
+    return Randomized(
+        description=description,
+        prior=prior.tolist() if spec.uses_prior else None,
+        prior_epsilon=prior_eps,
+        num_labels=n,
+    )
+
+
+def _sample(
+    plan: ReleasePlan,
+    mech: Mechanism,
+    values: np.ndarray,
+    rows: np.ndarray | None,
+    row_of_grid: np.ndarray | None,
+    offset: int,
+    rng: np.random.Generator,
+    chunk_size: int,
+) -> np.ndarray:
+    if plan.mechanism == "rr" and isinstance(plan.domain, ClassificationDomain):
+        from label_party.mechanisms.classification import rr_sample
+
+        return np.asarray(
+            rr_sample(values.astype(np.int64), plan.domain.size, epsilon=mech.epsilon, rng=rng),
+            np.float64,
+        )
+    if isinstance(mech, FiniteMechanism):
+        assert rows is not None and row_of_grid is not None
+        chunk_rows = row_of_grid[rows[offset : offset + values.size]]
+        cols = mech.sample_indices(chunk_rows, rng=rng, chunk_size=chunk_size)
+        result: np.ndarray = mech.outputs[cols]
+        return result
+    return np.asarray(mech.sample(values, rng=rng, chunk_size=chunk_size), np.float64)

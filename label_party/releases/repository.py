@@ -1,0 +1,34 @@
+"""SQL of releases."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from label_party.models import Release
+
+
+def by_idempotency_key(session: Session, dataset_id: str, key: str) -> Release | None:
+    return session.scalars(
+        select(Release).where(Release.dataset_id == dataset_id, Release.idempotency_key == key)
+    ).first()
+
+
+def count(session: Session, dataset_id: str) -> int:
+    return session.scalar(select(func.count()).where(Release.dataset_id == dataset_id)) or 0
+
+
+def exists(session: Session, dataset_id: str) -> bool:
+    return (
+        session.scalars(select(Release.id).where(Release.dataset_id == dataset_id)).first()
+        is not None
+    )
+
+
+def list_for_dataset(
+    session: Session, dataset_id: str, *, created_by: str | None = None
+) -> list[Release]:
+    query = select(Release).where(Release.dataset_id == dataset_id)
+    if created_by is not None:
+        query = query.where(Release.created_by == created_by)
+    return list(session.scalars(query.order_by(Release.created_at, Release.id)))

@@ -1,0 +1,236 @@
+"""Releases: one transaction reserves the budget, randomizes, persists, records.
+
+Order inside the transaction (DESIGN.md §3.3): lock the dataset row → replay an
+idempotent request (spends nothing) → reserve the cost in the ledger (or refuse,
+logging the refusal) → fit and randomize into a file named by its SHA-256 →
+release row and audit entry → commit (by the request session). A failure before
+the commit rolls everything back; the file it may leave is unreferenced and swept
+at the next start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import signal
+import uuid
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from sqlalchemy.orm import Session
+
+from label_party.audit import service as audit
+from label_party.auth import Principal, require, visible_dataset
+from label_party.config import Settings
+from label_party.datasets.domain import parse_domain
+from label_party.exceptions import (
+    ConflictError,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    NotFoundError,
+)
+from label_party.ledger import service as ledger
+from label_party.ledger.accounting import Cost, normalize_parts
+from label_party.ledger.units import delta_decimal, epsilon_decimal, epsilon_units
+from label_party.mechanisms.base import LOSSES, secure_generator
+from label_party.mechanisms.registry import get_spec
+from label_party.models import Dataset, LedgerEntry, Release
+from label_party.observability import RELEASES
+from label_party.partitions.service import get_plan
+from label_party.releases import repository
+from label_party.releases.pipeline import ReleasePlan, check_plan, randomize
+from label_party.storage import labels_path, partition_path
+from shared.parquet import publish_by_hash, temp_path
+from shared.protocol import MechanismDescription, ReleaseCreate, ReleaseRead
+
+logger = logging.getLogger("label_party.releases")
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types (mechanism descriptions may hold numpy scalars or arrays)."""
+
+    def default(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+        if isinstance(obj, np.generic):
+            return obj.item()
+        raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+    return json.loads(json.dumps(value, default=default))
+
+
+def fingerprint(body: ReleaseCreate) -> str:
+    data = body.model_dump(mode="json", exclude={"idempotency_key"})
+    return hashlib.sha256(audit.canonical(data).encode()).hexdigest()
+
+
+def _plan(body: ReleaseCreate, dataset: Dataset) -> ReleasePlan:
+    spec = get_spec(body.mechanism.name)
+    loss: str = body.mechanism.loss or ("zero-one" if spec.task == "classification" else "squared")
+    if loss not in LOSSES:
+        raise InvalidRequestError(f"unknown loss {loss!r}")
+    plan = ReleasePlan(
+        mechanism=body.mechanism.name,
+        params=body.mechanism.options(),
+        loss=loss,  # type: ignore[arg-type]
+        epsilon=body.epsilon,
+        prior_epsilon=body.prior_epsilon,
+        domain=parse_domain(dataset.task, dataset.label_domain),
+    )
+    check_plan(plan, dataset.task)
+    return plan
+
+
+def _selected_ids(
+    settings: Settings, session: Session, dataset: Dataset, parts: tuple[str, ...]
+) -> pa.Array:
+    plan = get_plan(session, dataset.id)
+    if plan is None:
+        raise InvalidRequestError("the dataset has no partition plan; omit parts")
+    unknown = sorted(set(parts) - set(plan.parts))
+    if unknown:
+        raise InvalidRequestError(f"unknown part(s): {', '.join(unknown)}", {"unknown": unknown})
+    table = pq.read_table(partition_path(settings, plan))
+    mask = pc.is_in(table.column("part"), value_set=pa.array(list(parts), pa.string()))
+    return table.column("example_id").filter(mask).combine_chunks()
+
+
+def _generators(
+    settings: Settings, session: Session, dataset: Dataset
+) -> tuple[np.random.Generator, random.Random | None]:
+    """The release's randomness: 128 fresh OS bits (DESIGN.md §3.5), or, only
+    behind the test-mode setting ``LABELDP_TEST_SEED``, a seed and a counter."""
+    if settings.test_seed is None:
+        return secure_generator(), None
+    count = repository.count(session, dataset.id)
+    return np.random.default_rng([settings.test_seed, count]), random.Random(
+        settings.test_seed * 1_000_003 + count
+    )
+
+
+def create(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    dataset_id: str,
+    body: ReleaseCreate,
+) -> tuple[Release, bool]:
+    """The release for ``body`` and whether it was made now (False: an idempotent replay)."""
+    require(principal, "admin", "client")
+    dataset = visible_dataset(session, principal, dataset_id)
+    dataset = ledger.lock_dataset(session, dataset.id)
+    digest = fingerprint(body)
+    if body.idempotency_key is not None:
+        existing = repository.by_idempotency_key(session, dataset.id, body.idempotency_key)
+        if existing is not None:
+            if existing.request_fingerprint != digest or existing.created_by != principal.id:
+                raise IdempotencyConflictError(
+                    "this idempotency key was used for a different request"
+                )
+            return existing, False
+    if dataset.labels_sha256 is None:
+        raise ConflictError("the dataset has no labels yet")
+    plan = _plan(body, dataset)
+    parts = normalize_parts(body.parts)
+    selected = None if parts is None else _selected_ids(settings, session, dataset, parts)
+    entry = ledger.reserve(session, principal, dataset, Cost(epsilon_units(body.epsilon), 0, parts))
+
+    rng, prior_rng = _generators(settings, session, dataset)
+    tmp = temp_path(settings.tmp_dir, ".parquet")
+    try:
+        result = randomize(
+            plan,
+            labels_file=labels_path(settings, dataset),
+            out_file=tmp,
+            selected=selected,
+            rng=rng,
+            prior_rng=prior_rng,
+            chunk_size=settings.chunk_size,
+        )
+        _final, sha = publish_by_hash(tmp, settings.releases_dir)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+    prior_units = epsilon_units(result.prior_epsilon)
+    release = Release(
+        id=str(uuid.uuid4()),
+        dataset_id=dataset.id,
+        ledger_entry_id=entry.id,
+        created_by=principal.id,
+        prior_epsilon=prior_units,
+        mechanism=jsonable(result.description),
+        prior=result.prior,
+        num_labels=result.num_labels,
+        sha256=sha,
+        idempotency_key=body.idempotency_key,
+        request_fingerprint=digest,
+    )
+    session.add(release)
+    session.flush()
+    audit.append(
+        session,
+        actor=principal.id,
+        action="release.created",
+        dataset_id=dataset.id,
+        payload={
+            "release_id": release.id,
+            "ledger_entry_id": entry.id,
+            "epsilon_units": entry.epsilon,
+            "delta_units": entry.delta,
+            "prior_epsilon_units": prior_units,
+            "parts": entry.parts,
+            "mechanism": plan.mechanism,
+            "num_labels": result.num_labels,
+            "sha256": sha,
+        },
+    )
+    RELEASES.labels(mechanism=plan.mechanism).inc()
+    logger.info(
+        "release persisted",
+        extra={"fields": {"release_id": release.id, "dataset_id": dataset.id}},
+    )
+    if settings.test_crash_point == "release_before_commit":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return release, True
+
+
+def get_visible(session: Session, principal: Principal, release_id: str) -> Release:
+    """Admin: any release; client: its own; auditor: none (403)."""
+    require(principal, "admin", "client")
+    release = session.get(Release, release_id)
+    if release is None or (principal.role == "client" and release.created_by != principal.id):
+        raise NotFoundError(f"release {release_id} not found")
+    return release
+
+
+def list_visible(session: Session, principal: Principal, dataset_id: str) -> list[Release]:
+    require(principal, "admin", "client")
+    dataset = visible_dataset(session, principal, dataset_id)
+    own = principal.id if principal.role == "client" else None
+    return repository.list_for_dataset(session, dataset.id, created_by=own)
+
+
+def to_read(session: Session, release: Release) -> ReleaseRead:
+    entry = session.get(LedgerEntry, release.ledger_entry_id)
+    assert entry is not None
+    description: dict[str, Any] = release.mechanism
+    return ReleaseRead(
+        id=release.id,
+        dataset_id=release.dataset_id,
+        epsilon=epsilon_decimal(entry.epsilon),
+        delta=delta_decimal(entry.delta),
+        prior_epsilon=epsilon_decimal(release.prior_epsilon),
+        mechanism=MechanismDescription.model_validate(description),
+        prior=release.prior,
+        num_labels=release.num_labels,
+        sha256=release.sha256,
+        parts=entry.parts,
+        idempotency_key=release.idempotency_key,
+        created_at=release.created_at,
+    )

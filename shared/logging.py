@@ -1,0 +1,60 @@
+"""Structured JSON logs with request ids, for both services.
+
+One JSON object per line. A request id (from ``X-Request-ID`` or freshly made) is
+kept in a context variable and stamped on every record logged while the request
+runs. Callers pass structured fields with ``extra={"fields": {...}}``; nothing
+here ever formats a request body, so no label value can reach a log line unless a
+caller puts it there (DESIGN.md §3.1 forbids that).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+request_id_var: ContextVar[str | None] = ContextVar("labeldp_request_id", default=None)
+
+
+class JsonFormatter(logging.Formatter):
+    """Render a record as one JSON line: time, level, logger, message, request id, fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        request_id = request_id_var.get()
+        if request_id is not None:
+            entry["request_id"] = request_id
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info and record.exc_info[0] is not None:
+            # The exception type only: exception text may quote data.
+            entry["exception"] = record.exc_info[0].__name__
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Send every logger through one JSON handler on stderr (idempotent)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_labeldp", False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    handler._labeldp = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    # Our middleware writes the access log; uvicorn's would duplicate it.
+    logging.getLogger("uvicorn.access").disabled = True

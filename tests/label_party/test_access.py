@@ -1,0 +1,203 @@
+"""Every role against every endpoint (admin, granted client, other client, auditor,
+anonymous), and the rules behind the table: clients see only granted datasets and
+their own releases, auditors read budgets and audit only, nobody reads raw labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.label_party.conftest import Server
+from tests.label_party.helpers import (
+    create_client,
+    create_dataset,
+    parquet_bytes,
+    release,
+    upload_labels,
+)
+
+pytestmark = pytest.mark.slow
+
+ROLES = ("anonymous", "auditor", "other", "client", "admin")  # the order requests are made in
+
+
+def test_role_endpoint_matrix(server: Server) -> None:
+    admin = server.client()
+    client_id, client_token = create_client(admin, "client", "granted")
+    _other_id, other_token = create_client(admin, "client", "other")
+    _auditor_id, auditor_token = create_client(admin, "auditor", "auditor")
+    spare_id, _ = create_client(admin, "client", "spare")
+    victim_id, _ = create_client(admin, "client", "to-revoke")
+    ds = create_dataset(admin, epsilon_budget=10)
+    assert admin.post(f"/v1/datasets/{ds}/grants", json={"client_id": client_id}).status_code == 201
+    ids = [f"e{i}" for i in range(50)]
+    assert upload_labels(admin, ds, ids, [1.0] * 50).status_code == 200
+    clients = {
+        "anonymous": server.client(None),
+        "auditor": server.client(auditor_token),
+        "other": server.client(other_token),
+        "client": server.client(client_token),
+        "admin": admin,
+    }
+    own = release(clients["client"], ds).json()["id"]
+    admins = release(admin, ds).json()["id"]
+    plan = parquet_bytes({"example_id": ids, "part": ["p"] * 50})
+    labels_file = parquet_bytes({"example_id": ["z"], "label": [1.0]})
+    preview = {"mechanism": "rr", "epsilon": 1, "values": [0, 1], "prior": [0.5, 0.5]}
+
+    # (method, path, kwargs, {role: status}); roles missing from the dict expect 401/403.
+    N, F = 404, 403
+    matrix: list[tuple[str, str, dict[str, Any], dict[str, int]]] = [
+        (
+            "POST",
+            "/v1/datasets",
+            {
+                "json": {
+                    "name": "n",
+                    "task": "regression",
+                    "label_domain": {"min": 0, "max": 1},
+                    "epsilon_budget": 1,
+                }
+            },
+            {"auditor": F, "other": F, "client": F, "admin": 201},
+        ),
+        ("GET", "/v1/datasets", {}, {"auditor": F, "other": 200, "client": 200, "admin": 200}),
+        ("GET", f"/v1/datasets/{ds}", {}, {"auditor": F, "other": N, "client": 200, "admin": 200}),
+        (
+            "POST",
+            f"/v1/datasets/{ds}/labels",
+            {"files": {"file": ("l.parquet", labels_file)}},
+            {"auditor": F, "other": F, "client": F, "admin": 409},
+        ),
+        ("GET", f"/v1/datasets/{ds}/labels", {}, {r: 405 for r in ROLES}),
+        (
+            "POST",
+            f"/v1/datasets/{ds}/partitions",
+            {"files": {"file": ("p.parquet", plan)}},
+            {"auditor": F, "other": N, "client": 201, "admin": 409},
+        ),
+        (
+            "GET",
+            f"/v1/datasets/{ds}/partitions",
+            {},
+            {"auditor": F, "other": N, "client": 200, "admin": 200},
+        ),
+        (
+            "GET",
+            f"/v1/datasets/{ds}/budget",
+            {},
+            {"auditor": 200, "other": N, "client": 200, "admin": 200},
+        ),
+        (
+            "POST",
+            f"/v1/datasets/{ds}/releases",
+            {"json": {"mechanism": {"name": "laplace"}, "epsilon": 0.1}},
+            {"auditor": F, "other": N, "client": 201, "admin": 201},
+        ),
+        (
+            "GET",
+            f"/v1/datasets/{ds}/releases",
+            {},
+            {"auditor": F, "other": N, "client": 200, "admin": 200},
+        ),
+        ("GET", f"/v1/releases/{own}", {}, {"auditor": F, "other": N, "client": 200, "admin": 200}),
+        (
+            "GET",
+            f"/v1/releases/{admins}",
+            {},
+            {"auditor": F, "other": N, "client": N, "admin": 200},
+        ),
+        (
+            "GET",
+            f"/v1/releases/{own}/labels",
+            {},
+            {"auditor": F, "other": N, "client": 200, "admin": 200},
+        ),
+        (
+            "GET",
+            f"/v1/releases/{admins}/labels",
+            {},
+            {"auditor": F, "other": N, "client": N, "admin": 200},
+        ),
+        (
+            "GET",
+            f"/v1/datasets/{ds}/audit",
+            {},
+            {"auditor": 200, "other": F, "client": F, "admin": 200},
+        ),
+        ("GET", "/v1/audit/verify", {}, {"auditor": 200, "other": F, "client": F, "admin": 200}),
+        ("GET", "/v1/audit", {}, {"auditor": 200, "other": F, "client": F, "admin": 200}),
+        (
+            "POST",
+            "/v1/clients",
+            {"json": {"name": "x", "role": "client"}},
+            {"auditor": F, "other": F, "client": F, "admin": 201},
+        ),
+        (
+            "POST",
+            f"/v1/datasets/{ds}/grants",
+            {"json": {"client_id": spare_id}},
+            {"auditor": F, "other": F, "client": F, "admin": 201},
+        ),
+        (
+            "DELETE",
+            f"/v1/clients/{victim_id}",
+            {},
+            {"auditor": F, "other": F, "client": F, "admin": 200},
+        ),
+        (
+            "POST",
+            "/v1/mechanisms/preview",
+            {"json": preview},
+            {"auditor": 200, "other": 200, "client": 200, "admin": 200},
+        ),
+        ("GET", "/healthz", {}, {r: 200 for r in ROLES}),
+        ("GET", "/readyz", {}, {r: 200 for r in ROLES}),
+        ("GET", "/metrics", {}, {r: 200 for r in ROLES}),
+    ]
+    failures = []
+    for method, path, kwargs, expected in matrix:
+        for role in ROLES:
+            want = expected.get(role, 401 if role == "anonymous" else 403)
+            got = clients[role].request(method, path, **kwargs)
+            if got.status_code != want:
+                failures.append(f"{role:9} {method} {path}: {got.status_code} != {want}")
+            elif got.status_code >= 400 and got.status_code != 405:
+                assert set(got.json()) == {"error", "message", "detail"}
+    assert not failures, "\n".join(failures)
+
+    # Listing shows a client only what it was granted, and only its own releases.
+    assert [d["id"] for d in clients["client"].get("/v1/datasets").json()] == [ds]
+    assert clients["other"].get("/v1/datasets").json() == []
+    mine = clients["client"].get(f"/v1/datasets/{ds}/releases").json()
+    assert own in {r["id"] for r in mine} and admins not in {r["id"] for r in mine}
+    # A revoked token no longer works.
+    assert victim_id
+    revoked_id, revoked_token = create_client(admin, "client", "revoked")
+    assert admin.delete(f"/v1/clients/{revoked_id}").status_code == 200
+    assert server.client(revoked_token).get("/v1/datasets").status_code == 401
+
+
+def test_no_endpoint_serves_raw_labels(server: Server) -> None:
+    """The only label download is a release's; no GET route reads a dataset's labels."""
+    spec = server.client(None).get("/openapi.json").json()
+    for path, operations in spec["paths"].items():
+        if "get" in operations:
+            assert not (path.startswith("/v1/datasets/") and path.endswith("/labels")), path
+    assert "/v1/releases/{release_id}/labels" in spec["paths"]
+
+
+def test_openapi_declares_every_endpoint_and_its_errors(server: Server) -> None:
+    anonymous = server.client(None)
+    assert anonymous.get("/docs").status_code == 200
+    spec = anonymous.get("/openapi.json").json()
+    assert "ErrorBody" in spec["components"]["schemas"]
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            assert operation.get("summary"), (method, path)
+            if path.startswith("/v1/"):
+                declared = set(operation["responses"])
+                assert "401" in declared, (method, path)
+                if method in ("post", "delete"):
+                    assert "422" in declared or "404" in declared, (method, path)

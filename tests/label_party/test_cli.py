@@ -1,0 +1,61 @@
+"""``labeldp label-party`` client commands against the real server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from labeldp.cli import main
+from tests.label_party.conftest import ADMIN_TOKEN, Server
+from tests.label_party.helpers import parquet_bytes
+
+pytestmark = pytest.mark.slow
+
+
+def test_operator_commands(
+    server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--url", server.url, "--token", ADMIN_TOKEN]
+
+    def run(*argv: str) -> dict:
+        assert main(["label-party", *argv, *common]) == 0
+        out = capsys.readouterr().out
+        return json.loads(out) if out.lstrip().startswith("{") else {"out": out}
+
+    ds = run(
+        "create-dataset",
+        "--name",
+        "cli",
+        "--domain",
+        '{"min": 0, "max": 4}',
+        "--epsilon-budget",
+        "1",
+    )["id"]
+    labels = tmp_path / "labels.parquet"
+    labels.write_bytes(parquet_bytes({"example_id": ["a", "b"], "label": [1.0, 3.0]}))
+    assert run("upload", ds, str(labels)) == {"num_labels": 2}
+    manifest = run(
+        "release", ds, "--mechanism", "laplace", "--epsilon", "0.4", "--param", "clip=true"
+    )
+    assert manifest["epsilon"] == 0.4 and manifest["mechanism"]["params"]["clip"] is True
+    out = tmp_path / "noisy.parquet"
+    run("download", manifest["id"], "--output", str(out))
+    assert out.stat().st_size > 0
+    assert run("budget", ds)["epsilon_remaining"] == 0.6
+    assert run("verify-audit")["ok"] is True
+    assert (
+        main(["label-party", "release", ds, "--mechanism", "laplace", "--epsilon", "0.7", *common])
+        == 2
+    )
+    assert "budget_exceeded" in capsys.readouterr().err
+
+
+def test_serve_refuses_to_start_without_a_real_admin_token(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("LABELDP_MODE", raising=False)
+    monkeypatch.setenv("LABELDP_ADMIN_TOKEN", "changeme")
+    assert main(["label-party", "serve", "--port", "1"]) == 2
+    assert "LABELDP_ADMIN_TOKEN" in capsys.readouterr().err

@@ -1,0 +1,208 @@
+"""The whole labels-party flow against a real server, on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.label_party.conftest import Server
+from tests.label_party.helpers import (
+    create_client,
+    create_dataset,
+    parquet_bytes,
+    release,
+    upload_labels,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def test_whole_flow(server: Server) -> None:
+    admin = server.client()
+    client_id, token = create_client(admin, name="publisher")
+    client = server.client(token)
+    ds = create_dataset(admin, epsilon_budget=1.0)
+    assert admin.post(f"/v1/datasets/{ds}/grants", json={"client_id": client_id}).status_code == 201
+
+    ids = [f"ex{i}" for i in range(2000)]
+    labels = [float(i % 11) for i in range(2000)]
+    r = upload_labels(admin, ds, ids, labels)
+    assert r.status_code == 200 and r.json() == {"num_labels": 2000}
+
+    # CSV and JSON lines are accepted too (re-upload replaces while nothing is released).
+    csv = "example_id,label\n" + "\n".join(f"{i},{lab}" for i, lab in zip(ids, labels, strict=True))
+    files = {"file": ("labels.csv", csv.encode(), "text/csv")}
+    assert admin.post(f"/v1/datasets/{ds}/labels", files=files).json()["num_labels"] == 2000
+    jsonl = "\n".join(
+        json.dumps({"example_id": i, "label": v}) for i, v in zip(ids, labels, strict=True)
+    )
+    files = {"file": ("labels.jsonl", jsonl.encode())}
+    assert admin.post(f"/v1/datasets/{ds}/labels", files=files).json()["num_labels"] == 2000
+
+    # A finite mechanism with a private prior: ε₁ is part of the release's ε.
+    r = release(client, ds, 0.1, mechanism={"name": "rr-on-bins"}, idempotency_key="k1")
+    assert r.status_code == 201, r.text
+    manifest = r.json()
+    assert manifest["epsilon"] == 0.1 and 0 < manifest["prior_epsilon"] < 0.1
+    assert manifest["mechanism"]["epsilon"] == pytest.approx(0.1 - manifest["prior_epsilon"])
+    assert len(manifest["mechanism"]["matrix"]) == 11 and len(manifest["prior"]) == 11
+    assert manifest["num_labels"] == 2000
+
+    # Idempotent replay: same release, nothing spent.
+    again = release(client, ds, 0.1, mechanism={"name": "rr-on-bins"}, idempotency_key="k1")
+    assert again.status_code == 200 and again.json()["id"] == manifest["id"]
+    other = release(client, ds, 0.2, mechanism={"name": "rr-on-bins"}, idempotency_key="k1")
+    assert other.status_code == 409 and other.json()["error"] == "idempotency_conflict"
+
+    # Downloads are free and byte-identical; the sha256 names the Parquet bytes.
+    rid = manifest["id"]
+    first = client.get(f"/v1/releases/{rid}/labels?format=parquet")
+    second = client.get(f"/v1/releases/{rid}/labels")
+    assert first.status_code == 200 and first.content == second.content
+    assert hashlib.sha256(first.content).hexdigest() == manifest["sha256"]
+    table = pq.read_table(io.BytesIO(first.content))
+    assert table.column_names == ["example_id", "label"] and table.num_rows == 2000
+    assert set(table.column("example_id").to_pylist()) == set(ids)
+    as_json = client.get(f"/v1/releases/{rid}/labels?format=json")
+    assert as_json.json()["example_id"] == table.column("example_id").to_pylist()
+    assert as_json.json()["label"] == table.column("label").to_pylist()
+    assert client.get(f"/v1/releases/{rid}/labels?format=json").content == as_json.content
+    assert client.get(f"/v1/releases/{rid}").json() == manifest
+
+    # Labels are frozen now.
+    r = upload_labels(admin, ds, ids, labels)
+    assert r.status_code == 409 and r.json()["error"] == "labels_frozen"
+
+    # Nine more releases of 0.1 exhaust 1.0 exactly; the eleventh is refused.
+    for _ in range(9):
+        r = release(client, ds, 0.1)
+        assert r.status_code == 201, r.text
+        assert r.json()["mechanism"]["params"]  # additive: noise parameters
+    budget = client.get(f"/v1/datasets/{ds}/budget").json()
+    assert budget["epsilon_spent"] == 1.0 and budget["epsilon_remaining"] == 0.0
+    refused = release(client, ds, 0.1)
+    assert refused.status_code == 409
+    body = refused.json()
+    assert body["error"] == "budget_exceeded"
+    assert body["detail"]["requested_epsilon"] == 0.1 and body["detail"]["remaining_epsilon"] == 0
+    assert client.get(f"/v1/datasets/{ds}/budget").json() == budget
+
+    # The audit log pages through everything, and verifies.
+    entries, after = [], 0
+    while True:
+        page = admin.get(f"/v1/datasets/{ds}/audit", params={"after": after, "limit": 4}).json()
+        entries += page["entries"]
+        if page["next_after"] is None:
+            break
+        after = page["next_after"]
+    actions = [e["action"] for e in entries]
+    assert actions.count("release.created") == 10 and actions.count("release.refused") == 1
+    assert actions.count("labels.uploaded") == 3 and "labels.refused" in actions
+    assert "grant.created" in actions and actions[0] == "dataset.created"
+    assert "labels.rejected" not in actions
+    verify = admin.get("/v1/audit/verify").json()
+    assert verify["ok"] is True and verify["entries"] >= len(entries)
+
+    releases = client.get(f"/v1/datasets/{ds}/releases").json()
+    assert len(releases) == 10
+    metrics = server.client(None).get("/metrics").text
+    assert f'labeldp_epsilon_spent{{dataset_id="{ds}"}} 1.0' in metrics
+    assert "labeldp_releases_total" in metrics
+    assert server.client(None).get("/readyz").status_code == 200
+
+
+def test_partitions_compose_per_part(server: Server) -> None:
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=1.0)
+    ids = [f"e{i}" for i in range(300)]
+    assert upload_labels(admin, ds, ids, [float(i % 10) for i in range(300)]).status_code == 200
+    plan = parquet_bytes({"example_id": ids[:200], "part": ["a"] * 100 + ["b"] * 100})
+    r = admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("plan.parquet", plan)})
+    assert r.status_code == 201 and r.json()["parts"] == {"a": 100, "b": 100}
+    again = admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("plan.parquet", plan)})
+    assert again.status_code == 409
+
+    r = release(admin, ds, 0.6, parts=["a"])
+    assert r.status_code == 201 and r.json()["num_labels"] == 100
+    table = pq.read_table(io.BytesIO(admin.get(f"/v1/releases/{r.json()['id']}/labels").content))
+    assert set(table.column("example_id").to_pylist()) == set(ids[:100])
+    assert release(admin, ds, 0.6, parts=["b"]).status_code == 201  # disjoint: allowed
+    assert release(admin, ds, 0.5, parts=["a"]).status_code == 409  # a would reach 1.1
+    whole = release(admin, ds, 0.5)  # touches every part
+    assert whole.status_code == 409
+    assert whole.json()["detail"]["remaining_epsilon"] == pytest.approx(0.4)
+    assert release(admin, ds, 0.4).status_code == 201
+    budget = admin.get(f"/v1/datasets/{ds}/budget").json()
+    assert budget["epsilon_spent"] == 1.0
+    assert {p["name"]: p["epsilon_spent"] for p in budget["parts"]} == {"a": 1.0, "b": 1.0}
+    assert release(admin, ds, 0.1, parts=["nope"]).status_code == 422
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_classification_releases(server: Server) -> None:
+    admin = server.client()
+    ds = create_dataset(
+        admin, task="classification", domain={"classes": ["cat", "dog", "emu"]}, epsilon_budget=5
+    )
+    ids = [f"e{i}" for i in range(600)]
+    names = [["cat", "dog", "emu"][i % 3] for i in range(600)]
+    assert upload_labels(admin, ds, ids, names).status_code == 200
+    r = release(admin, ds, 1.0, mechanism={"name": "rr"})
+    assert r.status_code == 201, r.text
+    labels = pq.read_table(io.BytesIO(admin.get(f"/v1/releases/{r.json()['id']}/labels").content))
+    assert set(labels.column("label").to_pylist()) <= {0.0, 1.0, 2.0}
+    r = release(admin, ds, 1.0, mechanism={"name": "rr-with-prior"}, prior_epsilon=0.25)
+    assert r.status_code == 201, r.text
+    assert r.json()["prior_epsilon"] == 0.25 and r.json()["mechanism"]["epsilon"] == 0.75
+    wrong = release(admin, ds, 1.0, mechanism={"name": "laplace"})
+    assert wrong.status_code == 422
+    bad = upload_labels(
+        admin,
+        create_dataset(admin, task="classification", domain={"num_classes": 3}),
+        ["a", "b"],
+        [1, 7],
+    )
+    assert bad.status_code == 422
+    assert bad.json()["detail"]["rows"] == [{"row": 2, "reason": "unknown class"}]
+
+
+def test_upload_limits_and_errors(make_server: object) -> None:
+    server: Server = make_server(LABELDP_MAX_UPLOAD_BYTES="2000").start()  # type: ignore[operator]
+    admin = server.client()
+    ds = create_dataset(admin)
+    big = "example_id,label\n" + "\n".join(f"e{i},1" for i in range(1000))
+    r = admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.csv", big.encode())})
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: counted as it streams
+        yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="l.csv"\r\n\r\n'
+        yield b"example_id,label\n"
+        for i in range(300):
+            yield f"e{i},1\n".encode()
+        yield b"\r\n--b--\r\n"
+
+    r = admin.post(
+        f"/v1/datasets/{ds}/labels",
+        content=chunked(),
+        headers={"content-type": "multipart/form-data; boundary=b"},
+    )
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+    r = admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.xlsx", b"x")})
+    assert r.status_code == 422
+    r = admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.csv", b"example_id,label\na,x")})
+    assert r.status_code == 422 and r.json()["detail"]["rows"][0]["row"] == 1
+    audit = admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]
+    assert audit[-1]["action"] == "labels.rejected" and "x" not in str(audit[-1]["payload"])
+    assert admin.get("/v1/datasets/nope").status_code == 404
+    assert admin.post("/v1/datasets", json={"name": "x"}).status_code == 422
+    r = admin.post(
+        "/v1/datasets/" + ds + "/releases", json={"mechanism": {"name": "laplace"}, "epsilon": 0.1}
+    )
+    assert r.status_code == 409  # no labels yet
+    for r in (admin.get("/v1/datasets/nope"), admin.post("/v1/datasets", json={})):
+        assert set(r.json()) == {"error", "message", "detail"}

@@ -1,0 +1,140 @@
+"""One test per privacy invariant of DESIGN.md §3 (§3.6, the audit chain, is
+``test_audit.py``; the crash half of §3.3 is ``test_crash.py``)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pydantic import BaseModel
+
+from label_party.app import create_app
+from label_party.config import Settings
+from label_party.models import Base
+from tests.label_party.conftest import Server
+from tests.label_party.helpers import (
+    create_client,
+    create_dataset,
+    parquet_bytes,
+    release,
+    upload_labels,
+)
+
+pytestmark = pytest.mark.slow
+
+DISTINCTIVE = [7.123456789, 3.98765432101, 5.55544433322]
+DISTINCTIVE_TEXT = ["7.1234567", "3.9876543", "5.5554443", "zq8x7v6w", "13.579135"]
+
+
+def test_3_1_raw_labels_never_leave(server: Server) -> None:
+    """No response body, log line, metric or error text of the whole flow quotes a label."""
+    admin = server.client()
+    bodies: list[str] = []
+    cid, token = create_client(admin)
+    client = server.client(token)
+    ds = create_dataset(admin, epsilon_budget=3)
+    bodies.append(admin.post(f"/v1/datasets/{ds}/grants", json={"client_id": cid}).text)
+    bad = "example_id,label\na,7.123456789\nb,zq8x7v6w\nc,13.579135791\nc,3.98765432101\n"
+    r = admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.csv", bad.encode())})
+    assert r.status_code == 422
+    bodies.append(r.text)
+    ids = [f"e{i}" for i in range(300)]
+    labels = [DISTINCTIVE[i % 3] for i in range(300)]
+    bodies.append(upload_labels(admin, ds, ids, labels).text)
+    for mech in ("rr-on-bins", "laplace"):
+        r = release(client, ds, 1.0, mechanism={"name": mech})
+        assert r.status_code == 201
+        bodies += [r.text, client.get(f"/v1/releases/{r.json()['id']}/labels?format=json").text]
+        noisy = pq.read_table(
+            io.BytesIO(client.get(f"/v1/releases/{r.json()['id']}/labels").content)
+        )
+        assert not set(noisy.column("label").to_pylist()) & set(DISTINCTIVE)
+    bodies.append(release(client, ds, 5.0).text)  # refusal
+    bodies.append(release(client, ds, 0.5, mechanism={"name": "rr-on-bins", "mesh": "x"}).text)
+    for path in (
+        f"/v1/datasets/{ds}",
+        f"/v1/datasets/{ds}/budget",
+        f"/v1/datasets/{ds}/audit",
+        "/v1/audit/verify",
+        f"/v1/datasets/{ds}/releases",
+    ):
+        bodies.append(admin.get(path).text)
+    bodies.append(server.client(None).get("/metrics").text)
+    everything = "\n".join(bodies) + "\n" + server.logs()
+    assert '"request_id"' in server.logs()
+    for needle in DISTINCTIVE_TEXT:
+        assert needle not in everything, needle
+    # Not even a hash of the stored labels (it would confirm a guessed label vector).
+    stored = list((Path(server.env["LABELDP_DATA_DIR"]) / "labels" / ds).glob("*.parquet"))
+    assert len(stored) == 1 and stored[0].stem not in everything
+
+
+def test_3_1_raw_label_rows_are_never_response_models() -> None:
+    app = create_app(Settings(mode="test", data_dir="/nonexistent"))
+    for route in app.routes:
+        model = getattr(route, "response_model", None)
+        if model is None:
+            continue
+        args = getattr(model, "__args__", (model,))
+        for arg in args:
+            assert isinstance(arg, type) and issubclass(arg, BaseModel), (route, arg)
+            assert not issubclass(arg, Base)
+
+
+def test_3_2_prior_is_private_and_charged_and_domain_is_declared(server: Server) -> None:
+    admin = server.client()
+    domain = {"min": 0, "max": 100, "grid_size": 21}
+    ds = create_dataset(admin, domain=domain, epsilon_budget=2)
+    assert upload_labels(admin, ds, [f"e{i}" for i in range(100)], [50.0] * 100).status_code == 200
+    got = admin.get(f"/v1/datasets/{ds}").json()["label_domain"]
+    assert (got["min"], got["max"], got["grid_size"]) == (0, 100, 21)  # not the labels' range
+    r = release(admin, ds, 1.0, mechanism={"name": "rr-on-bins"})
+    manifest = r.json()
+    assert 0 < manifest["prior_epsilon"] < 1.0
+    assert manifest["mechanism"]["epsilon"] == pytest.approx(1.0 - manifest["prior_epsilon"])
+    assert manifest["prior"] != [1.0 if i == 10 else 0.0 for i in range(21)]  # noisy
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 1.0
+    r = release(admin, ds, 0.5, mechanism={"name": "laplace"}, prior_epsilon=0.1)
+    assert r.status_code == 422  # a prior-less mechanism cannot be charged for one
+
+
+def test_3_3_failed_release_spends_nothing_downloads_are_free(server: Server) -> None:
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=1)
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    before = admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]
+    bad = release(admin, ds, 0.5, mechanism={"name": "laplace", "no_such_option": 1})
+    assert bad.status_code == 422
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    assert admin.get(f"/v1/datasets/{ds}/audit").json()["entries"] == before
+    ok = release(admin, ds, 0.5).json()
+    downloads = {admin.get(f"/v1/releases/{ok['id']}/labels").content for _ in range(3)}
+    assert len(downloads) == 1
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.5
+
+
+def test_3_4_composition_is_per_part(server: Server) -> None:
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=1)
+    ids = ["a", "b", "c", "d"]
+    assert upload_labels(admin, ds, ids, [1.0, 2.0, 3.0, 4.0]).status_code == 200
+    plan = parquet_bytes({"example_id": ids, "part": ["x", "x", "y", "y"]})
+    assert admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("p.parquet", plan)})
+    assert release(admin, ds, 1.0, parts=["x"]).status_code == 201
+    assert release(admin, ds, 1.0, parts=["y"]).status_code == 201  # other examples
+    assert release(admin, ds, 0.1, parts=["x"]).status_code == 409
+    assert release(admin, ds, 0.1).status_code == 409
+
+
+def test_3_5_randomness_comes_from_the_os(server: Server) -> None:
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=2)
+    assert upload_labels(admin, ds, [f"e{i}" for i in range(50)], [5.0] * 50).status_code == 200
+    one, two = release(admin, ds, 0.5).json(), release(admin, ds, 0.5).json()
+    assert one["sha256"] != two["sha256"]  # same request, fresh randomness
+    seeded = release(admin, ds, 0.5, mechanism={"name": "laplace", "seed": 1})
+    assert seeded.status_code == 422
+    with pytest.raises(ValueError, match="TEST_SEED"):
+        Settings(mode="production", admin_token="a-long-enough-production-secret", test_seed=1)

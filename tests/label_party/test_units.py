@@ -1,0 +1,137 @@
+"""Fine-grained tests of the pure pieces: exact units, per-part composition, label
+validation, domains and settings."""
+
+from __future__ import annotations
+
+import io
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from label_party.config import Settings
+from label_party.datasets.domain import ClassificationDomain, RegressionDomain
+from label_party.exceptions import InvalidLabelsError, InvalidRequestError
+from label_party.labels.validation import read_table, validate
+from label_party.ledger.accounting import Cost, compose, fits
+from label_party.ledger.units import epsilon_decimal, epsilon_units
+
+
+def test_ten_tenths_exhaust_one_exactly() -> None:
+    budget = epsilon_units(Decimal("1.0"))
+    tenth = Cost(epsilon_units(Decimal("0.1")), 0, None)
+    spend = compose([tenth] * 10)
+    assert spend.worst(None) == (budget, 0)
+    ok, left, _ = fits(spend, tenth, epsilon_budget=budget, delta_budget=0)
+    assert not ok and left == 0
+    assert epsilon_decimal(budget - spend.all_epsilon) == 0
+
+
+def test_too_many_decimals_are_refused_not_rounded() -> None:
+    with pytest.raises(InvalidRequestError):
+        epsilon_units(Decimal("0.1234567890123"))
+
+
+def test_parts_compose_separately() -> None:
+    spend = compose([Cost(5, 0, ("a",)), Cost(3, 0, ("b",)), Cost(1, 0, None)])
+    assert spend.of_part("a") == (6, 0) and spend.of_part("b") == (4, 0)
+    assert spend.worst(None) == (6, 0) and spend.worst(["b"]) == (4, 0)
+    assert fits(spend, Cost(4, 0, ("a",)), epsilon_budget=10, delta_budget=0)[0]
+    assert not fits(spend, Cost(5, 0, None), epsilon_budget=10, delta_budget=0)[0]
+
+
+def _parquet(ids: list[object], labels: list[object]) -> io.BytesIO:
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"example_id": ids, "label": labels}), sink)
+    sink.seek(0)
+    return sink
+
+
+DOMAIN = RegressionDomain(min=0, max=10)
+
+
+def test_bad_rows_are_listed_by_number_and_reason_without_values() -> None:
+    csv = b"example_id,label\na,1\na,2\nb,x1y2\nc,inf\nd,11.25\n,3\ne,\nf,4\n"
+    with pytest.raises(InvalidLabelsError) as err:
+        validate(read_table(io.BytesIO(csv), "csv"), DOMAIN)
+    detail = err.value.detail
+    assert detail["bad_rows"] == 7
+    assert [r["row"] for r in detail["rows"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert "x1y2" not in str(detail) and "11.25" not in str(detail)
+
+
+def test_at_most_100_rows_are_reported() -> None:
+    ids = [f"e{i}" for i in range(500)]
+    with pytest.raises(InvalidLabelsError) as err:
+        validate(read_table(_parquet(ids, [float("nan")] * 500), "parquet"), DOMAIN)
+    assert err.value.detail["bad_rows"] == 500 and len(err.value.detail["rows"]) == 100
+
+
+def test_clip_and_formats() -> None:
+    table = read_table(_parquet([1, 2], [-5.0, 50.0]), "parquet")
+    clean, n = validate(table, RegressionDomain(min=0, max=10, clip=True))
+    assert n == 2 and clean.column("label").to_pylist() == [0.0, 10.0]
+    assert clean.column("example_id").to_pylist() == ["1", "2"]
+    jsonl = b'{"example_id": "a", "label": 3}\n{"example_id": "b", "label": 4.5}\n'
+    clean, _ = validate(read_table(io.BytesIO(jsonl), "jsonl"), DOMAIN)
+    assert clean.column("label").to_pylist() == [3.0, 4.5]
+    with pytest.raises(InvalidLabelsError):
+        read_table(io.BytesIO(b'{"example_id": "a"}\n'), "jsonl")
+
+
+def test_classes_by_name_and_index() -> None:
+    names = ClassificationDomain(classes=["no", "yes"])
+    clean, _ = validate(read_table(_parquet(["a", "b"], ["yes", "no"]), "parquet"), names)
+    assert clean.column("label").to_pylist() == [1.0, 0.0]
+    with pytest.raises(InvalidLabelsError) as err:
+        validate(
+            read_table(_parquet(["a", "b"], [1.0, 1.5]), "parquet"),
+            ClassificationDomain(num_classes=2),
+        )
+    assert err.value.detail["rows"] == [{"row": 2, "reason": "unknown class"}]
+
+
+def test_grid() -> None:
+    assert np.allclose(RegressionDomain(min=0, max=1, step=0.25).grid(), [0, 0.25, 0.5, 0.75, 1])
+    assert RegressionDomain(min=0, max=1).grid().size == 101
+    with pytest.raises(ValueError):
+        RegressionDomain(min=0, max=1, step=0.3)
+
+
+@pytest.mark.parametrize("token", [None, "", "admin", "changeme", "short"])
+def test_production_refuses_weak_admin_tokens(token: str | None) -> None:
+    with pytest.raises(ValueError, match="ADMIN_TOKEN"):
+        Settings(mode="production", admin_token=token)
+
+
+def test_crash_hook_only_in_test_mode() -> None:
+    with pytest.raises(ValueError):
+        Settings(mode="dev", test_crash_point="release_before_commit")
+    assert Settings(mode="test", test_crash_point="release_before_commit").test_crash_point
+
+
+@pytest.mark.parametrize(
+    ("data", "fmt"),
+    [
+        (b"example_id,value\na,1\n", "csv"),
+        (b"", "csv"),
+        (b"not parquet", "parquet"),
+    ],
+)
+def test_unreadable_files_are_one_file_level_422(data: bytes, fmt: str) -> None:
+    with pytest.raises(InvalidLabelsError) as err:
+        read_table(io.BytesIO(data), fmt)  # type: ignore[arg-type]
+    assert err.value.detail == [] and "x" not in err.value.message.split("columns")[0]
+
+
+def test_jsonl_rows_of_the_wrong_type_are_listed() -> None:
+    data = b'{"example_id": "a", "label": 1}\n{"example_id": "b", "label": "x1y2"}\n[1]\n'
+    with pytest.raises(InvalidLabelsError) as err:
+        read_table(io.BytesIO(data), "jsonl")
+    assert err.value.detail["rows"] == [
+        {"row": 2, "reason": "label is not a number"},
+        {"row": 3, "reason": "not a JSON object"},
+    ]
+    assert "x1y2" not in str(err.value.detail) + err.value.message
