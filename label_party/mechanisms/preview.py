@@ -37,7 +37,8 @@ def preview(
 
     ``noisy_label_loss`` is E[ℓ(ŷ, y)] with y drawn from ``prior``; ``max_abs_bias``
     is max over ``values`` of |E[M(y)] − y|. Continuous mechanisms report ``None``
-    for ``outputs`` and ``matrix``. ``seconds`` is the fitting time only.
+    for ``outputs`` and ``matrix``. ``seconds`` is the fitting time only. ``selected``
+    and ``params`` describe the fitted mechanism (``auto`` names its choice and why).
     """
     spec = get_spec(mechanism)
     chosen: str = loss or ("zero-one" if spec.task == "classification" else "squared")
@@ -58,8 +59,11 @@ def preview(
     outputs = matrix = None
     if isinstance(fitted, FiniteMechanism):
         outputs, matrix = fitted.outputs.tolist(), fitted.matrix.tolist()
+    described = fitted.describe()
     return {
         "mechanism": mechanism,
+        "selected": described["name"],
+        "params": described.get("params", {}),
         "epsilon": float(epsilon),
         "loss": chosen,
         "outputs": outputs,

@@ -7,13 +7,14 @@ name a user types means the same mechanism everywhere.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from label_party.mechanisms import additive, classification, rounding, rr_on_bins, unbiased
 from label_party.mechanisms.base import (
+    FiniteMechanism,
     FitRequest,
     FloatArray,
     Loss,
@@ -34,6 +35,39 @@ class MechanismSpec:
     summary: str
     #: The mechanism's randomization uses a prior (so a release spends ε₁ on one).
     uses_prior: bool = False
+
+
+#: What ``auto`` picks for each training loss, and why (DESIGN.md §4).
+AUTO_CHOICES: dict[str, tuple[str, str]] = {
+    "squared": (
+        "unbiased",
+        "for squared-loss training the optimal unbiased randomizer gave the lowest test "
+        "loss over a wide range of ε (optimal-unbiased-randomizers.txt §4): an unbiased "
+        "noisy label keeps the gradient unbiased, while RR-on-Bins' lower noisy-label loss "
+        "comes with a bias the model learns",
+    ),
+    "poisson": (
+        "unbiased",
+        "the Poisson loss is linear in the label, so an unbiased label gives an unbiased "
+        "loss (optimal-unbiased-randomizers.txt §3)",
+    ),
+    "absolute": (
+        "rr-on-bins",
+        "the absolute loss is not linear in the label, so unbiasedness does not carry "
+        "over; RR-on-Bins is the optimal ε-DP randomizer for it (rr-on-bins-regression.txt "
+        "Theorem 5)",
+    ),
+}
+
+
+def _auto(request: FitRequest) -> Mechanism:
+    """The mechanism the papers found best for the declared training loss."""
+    if request.loss not in AUTO_CHOICES:
+        raise MechanismError(f"auto has no choice for the {request.loss!r} loss")
+    name, reason = AUTO_CHOICES[request.loss]
+    chosen = MECHANISMS[name].factory(request)
+    assert isinstance(chosen, FiniteMechanism)
+    return replace(chosen, params={**chosen.params, "selected_by": "auto", "reason": reason})
 
 
 MECHANISMS: dict[str, MechanismSpec] = {
@@ -103,6 +137,14 @@ MECHANISMS: dict[str, MechanismSpec] = {
             True,
             classification.rr_with_prior_from_request,
             "RRTop-k with k* chosen from the example's prior (Ghazi et al. 2021)",
+            uses_prior=True,
+        ),
+        MechanismSpec(
+            "auto",
+            "regression",
+            True,
+            _auto,
+            "picks the best mechanism for the training loss and says why",
             uses_prior=True,
         ),
     ]

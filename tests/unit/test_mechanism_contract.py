@@ -33,6 +33,7 @@ CASES: list[tuple[str, float, np.ndarray, np.ndarray, str, dict[str, Any]]] = [
     ("unbiased", 1.0, VALUES_IRREGULAR, _prior(7, 4), "squared", {"mesh": 40}),
     ("unbiased", 0.3, np.arange(0.0, 10.0), _prior(10, 5), "squared", {"mesh": 30}),
     ("debiased-rr", 1.0, VALUES_IRREGULAR, _prior(7, 6), "squared", {}),
+    ("auto", 2.0, VALUES_IRREGULAR, _prior(7, 9), "absolute", {}),
     ("rr", 1.0, CLASS_VALUES, _prior(5, 7), "zero-one", {}),
     ("rr-with-prior", 2.0, CLASS_VALUES, _prior(5, 8), "zero-one", {}),
 ]
@@ -104,3 +105,15 @@ class TestFiniteMechanismContract:
     ) -> None:
         mech, _ = fitted
         np.testing.assert_allclose(mech.bias(), mech.matrix @ mech.outputs - mech.inputs)
+
+
+@pytest.mark.parametrize(("loss", "chosen"), [("squared", "unbiased"), ("poisson", "unbiased"),
+                                              ("absolute", "rr-on-bins")])  # fmt: skip
+def test_auto_picks_by_training_loss_and_says_why(loss: str, chosen: str) -> None:
+    values = VALUES_IRREGULAR + 1
+    mech = fit("auto", epsilon=1.0, values=values, prior=_prior(7, 10), loss=loss)
+    direct = fit(chosen, epsilon=1.0, values=values, prior=_prior(7, 10), loss=loss)
+    assert isinstance(mech, FiniteMechanism) and isinstance(direct, FiniteMechanism)
+    assert mech.name == chosen
+    assert mech.params["selected_by"] == "auto" and mech.params["reason"]
+    np.testing.assert_allclose(mech.matrix, direct.matrix)
