@@ -29,6 +29,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.tokens import admin_token_problem
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LABELDP_", extra="ignore")
@@ -51,9 +53,11 @@ class Settings(BaseSettings):
         return f"sqlite:///{(self.data_dir / 'feature-party.db').resolve()}"
 
     def require_admin_token(self) -> str:
-        if self.admin_token is None or not self.admin_token.get_secret_value():
-            raise ValueError("LABELDP_ADMIN_TOKEN is not set: the service refuses to run open")
-        return self.admin_token.get_secret_value()
+        token = self.admin_token.get_secret_value() if self.admin_token else None
+        problem = admin_token_problem(token)
+        if problem or token is None:
+            raise ValueError(f"{problem}: the service refuses to run without a real secret")
+        return token
 
 
 @lru_cache

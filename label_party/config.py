@@ -14,8 +14,9 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.tokens import MIN_LENGTH, admin_token_problem
+
 #: Secrets nobody may deploy with.
-WEAK_TOKENS = frozenset({"", "admin", "changeme", "change-me", "secret", "token", "password"})
 
 #: Where a test may ask the server to SIGKILL itself (crash-safety tests).
 CrashPoint = Literal["release_before_commit"]
@@ -45,10 +46,11 @@ class Settings(BaseSettings):
         relaxed = self.mode in ("dev", "test")
         token = self.admin_token.get_secret_value() if self.admin_token else ""
         if not relaxed:
-            if token.strip().lower() in WEAK_TOKENS or len(token) < 16:
+            problem = admin_token_problem(token)
+            if problem:
                 raise ValueError(
-                    "LABELDP_ADMIN_TOKEN must be set to a secret of at least 16 characters "
-                    "(or set LABELDP_MODE=dev for local development)"
+                    f"{problem}: set a random secret of at least {MIN_LENGTH} characters "
+                    "(or LABELDP_MODE=dev for local development)"
                 )
             if self.test_seed is not None or self.test_crash_point is not None:
                 raise ValueError(

@@ -27,7 +27,7 @@ from feature_party.jobs.status import Status
 from feature_party.orm import Job, ReceivedLabels
 from tests.feature_party.fake_labels_party import FakeLabelsParty, serve, serve_app
 
-ADMIN = "fp-admin-token"
+ADMIN = "fp-admin-token-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 
 

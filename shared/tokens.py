@@ -1,0 +1,25 @@
+"""Admin-token hygiene shared by both services.
+
+A service refuses to start with an admin token that is empty, short, a well-known
+word, or a placeholder copied from an example file (``.env.example``'s
+``change-me-…``): such a token is as good as none.
+"""
+
+from __future__ import annotations
+
+MIN_LENGTH = 16
+WEAK_TOKENS = frozenset({"admin", "changeme", "change-me", "secret", "token", "password"})
+PLACEHOLDER_PREFIXES = ("change-me", "changeme", "replace-me", "your-", "example")
+
+
+def admin_token_problem(token: str | None) -> str | None:
+    """Why ``token`` is unfit to guard a service, or ``None`` when it is fine."""
+    value = (token or "").strip()
+    lowered = value.lower()
+    if not value:
+        return "LABELDP_ADMIN_TOKEN is not set"
+    if lowered in WEAK_TOKENS or lowered.startswith(PLACEHOLDER_PREFIXES):
+        return "LABELDP_ADMIN_TOKEN is a well-known or placeholder value"
+    if len(value) < MIN_LENGTH:
+        return f"LABELDP_ADMIN_TOKEN must be at least {MIN_LENGTH} characters"
+    return None

@@ -1,0 +1,42 @@
+"""Both services refuse admin tokens that guard nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from feature_party.config import Settings as FeatureSettings
+from label_party.config import Settings as LabelSettings
+from shared.tokens import admin_token_problem
+
+ENV_EXAMPLE = Path(__file__).parents[2] / ".env.example"
+
+
+@pytest.mark.parametrize(
+    "token", [None, "", "   ", "admin", "change-me", "short-token", "Change-Me-label-admin-123456"]
+)
+def test_weak_tokens_have_a_problem(token: str | None) -> None:
+    assert admin_token_problem(token)
+
+
+def test_a_random_token_is_fine() -> None:
+    assert admin_token_problem("Zq3v0Jq1kS9_u7yWQe2m4xR8") is None
+
+
+def test_the_example_env_file_secrets_are_refused_by_both_services(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tokens = [
+        line.split("=", 1)[1]
+        for line in ENV_EXAMPLE.read_text().splitlines()
+        if "_ADMIN_TOKEN=" in line and not line.startswith("#")
+    ]
+    assert tokens
+    for token in tokens:
+        monkeypatch.setenv("LABELDP_ADMIN_TOKEN", token)
+        monkeypatch.delenv("LABELDP_MODE", raising=False)
+        with pytest.raises(ValueError, match="LABELDP_ADMIN_TOKEN"):
+            LabelSettings()
+        with pytest.raises(ValueError, match="LABELDP_ADMIN_TOKEN"):
+            FeatureSettings().require_admin_token()
