@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from label_party.mechanisms.base import LOSSES
-from label_party.mechanisms.preview import preview
 from label_party.mechanisms.registry import MECHANISMS
 
 
@@ -101,6 +100,8 @@ def _read_input(path: Path) -> tuple[list[float], list[float]]:
 
 
 def run_preview(args: argparse.Namespace) -> int:
+    from label_party.mechanisms.preview import preview  # scipy/HiGHS: only when used
+
     values, prior = _read_input(args.input)
     result = preview(
         mechanism=args.mechanism,

@@ -56,9 +56,19 @@ def release_path(settings: Settings, sha256: str) -> Path:
     return settings.releases_dir / f"{sha256}.parquet"
 
 
-def sweep_orphans(settings: Settings, session: Session) -> int:
-    """Delete files no committed row references (left by a crash before commit).
+def _quarantine(settings: Settings, path: Path) -> None:
+    """Move an unreferenced file under ``orphans/`` instead of deleting it: a server
+    started against the wrong (or an empty) database must not destroy data."""
+    target = settings.data_dir / "orphans" / path.relative_to(settings.data_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path.replace(target)
 
+
+def sweep_orphans(settings: Settings, session: Session) -> int:
+    """Set aside files no committed row references (left by a crash before commit).
+
+    Partial writes under ``tmp/`` are deleted; complete files that no row
+    references are moved to ``orphans/`` for the operator to inspect or delete.
     Run at start-up, before the server accepts requests; assumes one server per
     data directory.
     """
@@ -71,7 +81,7 @@ def sweep_orphans(settings: Settings, session: Session) -> int:
     if settings.releases_dir.exists():
         for path in settings.releases_dir.glob("*.parquet"):
             if path.stem not in referenced:
-                path.unlink(missing_ok=True)
+                _quarantine(settings, path)
                 removed += 1
     keep = {
         (d, s)
@@ -85,8 +95,11 @@ def sweep_orphans(settings: Settings, session: Session) -> int:
         if root.exists():
             for path in root.glob("*/*.parquet"):
                 if (path.parent.name, path.stem) not in keep:
-                    path.unlink(missing_ok=True)
+                    _quarantine(settings, path)
                     removed += 1
     if removed:
-        logger.info("removed unreferenced files", extra={"fields": {"files": removed}})
+        logger.warning(
+            "set aside unreferenced files under orphans/",
+            extra={"fields": {"files": removed}},
+        )
     return removed

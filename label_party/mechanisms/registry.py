@@ -6,13 +6,13 @@ name a user types means the same mechanism everywhere.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 
-from label_party.mechanisms import additive, classification, rounding, rr_on_bins, unbiased
 from label_party.mechanisms.base import (
     FiniteMechanism,
     FitRequest,
@@ -35,6 +35,19 @@ class MechanismSpec:
     summary: str
     #: The mechanism's randomization uses a prior (so a release spends ε₁ on one).
     uses_prior: bool = False
+
+
+def _lazy(module: str, function: str) -> Callable[[FitRequest], Mechanism]:
+    """A factory imported on first use: listing mechanisms (the CLI's ``--help``)
+    should not pay for scipy and HiGHS."""
+
+    def factory(request: FitRequest) -> Mechanism:
+        found = getattr(importlib.import_module(f"label_party.mechanisms.{module}"), function)
+        mechanism: Mechanism = found(request)
+        return mechanism
+
+    factory.__qualname__ = f"{module}.{function}"
+    return factory
 
 
 #: What ``auto`` picks for each training loss, and why (DESIGN.md §4).
@@ -77,7 +90,7 @@ MECHANISMS: dict[str, MechanismSpec] = {
             "rr-on-bins",
             "regression",
             True,
-            rr_on_bins.from_request,
+            _lazy("rr_on_bins", "from_request"),
             "optimal ε-DP randomizer for the loss (Ghazi et al., Theorem 5)",
             uses_prior=True,
         ),
@@ -85,7 +98,7 @@ MECHANISMS: dict[str, MechanismSpec] = {
             "unbiased",
             "regression",
             True,
-            unbiased.from_request,
+            _lazy("unbiased", "from_request"),
             "optimal unbiased randomizer by LP (Badanidiyuru et al., Algorithm 1)",
             uses_prior=True,
         ),
@@ -93,49 +106,49 @@ MECHANISMS: dict[str, MechanismSpec] = {
             "debiased-rr",
             "regression",
             True,
-            unbiased.debiased_rr_from_request,
+            _lazy("unbiased", "debiased_rr_from_request"),
             "debiased randomized response (Definition 23)",
         ),
         MechanismSpec(
             "laplace",
             "regression",
             False,
-            additive.laplace_from_request,
+            _lazy("additive", "laplace_from_request"),
             "additive Laplace noise, scale (max−min)/ε; clip=true projects back",
         ),
         MechanismSpec(
             "staircase",
             "regression",
             False,
-            additive.staircase_from_request,
+            _lazy("additive", "staircase_from_request"),
             "additive staircase noise (Geng & Viswanath 2014)",
         ),
         MechanismSpec(
             "exponential",
             "regression",
             False,
-            additive.exponential_from_request,
+            _lazy("additive", "exponential_from_request"),
             "exponential mechanism on the domain with score −|ŷ−y| (Appendix F)",
         ),
         MechanismSpec(
             "randomized-rounding",
             "regression",
             True,
-            rounding.from_request,
+            _lazy("rounding", "from_request"),
             "unbiased randomized rounding onto a grid (not private by itself)",
         ),
         MechanismSpec(
             "rr",
             "classification",
             True,
-            classification.rr_from_request,
+            _lazy("classification", "rr_from_request"),
             "K-ary randomized response",
         ),
         MechanismSpec(
             "rr-with-prior",
             "classification",
             True,
-            classification.rr_with_prior_from_request,
+            _lazy("classification", "rr_with_prior_from_request"),
             "RRTop-k with k* chosen from the example's prior (Ghazi et al. 2021)",
             uses_prior=True,
         ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,11 +35,10 @@ def test_sigkill_before_commit_then_restart(make_server: Any) -> None:
     assert admin.get(f"/v1/datasets/{ds}/releases").json() == []
     assert admin.get(f"/v1/datasets/{ds}/audit").json()["entries"] == audit_before
     assert admin.get("/v1/audit/verify").json()["ok"] is True
-    data = restarted.env["LABELDP_DATA_DIR"]
-    from pathlib import Path
-
-    assert list((Path(data) / "releases").glob("*")) == []  # the orphan file was swept
-    assert list((Path(data) / "tmp").glob("*")) == []
+    data = Path(restarted.env["LABELDP_DATA_DIR"])
+    assert list((data / "releases").glob("*")) == []  # the orphan file was set aside,
+    assert len(list((data / "orphans" / "releases").glob("*.parquet"))) == 1  # not deleted
+    assert list((data / "tmp").glob("*")) == []
 
     first = release(admin, ds, 0.3, mechanism={"name": "rr-on-bins"}, idempotency_key="retry-me")
     assert first.status_code == 201, first.text
