@@ -1,0 +1,74 @@
+"""``labeldp demo`` as a newcomer meets it: failures are one clear line, and Ctrl-C
+leaves no service behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_unreachable_services_fail_with_one_line(tmp_path: Path) -> None:
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    proc = subprocess.run(
+        [sys.executable, "-m", "labeldp", "demo", "--quick", "--output", str(tmp_path),
+         "--labels-party", dead, "--labels-token", "t" * 20,
+         "--features-party", dead, "--features-token", "t" * 20],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("labeldp: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_half_given_endpoints_are_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "labeldp", "demo", "--labels-party", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "give all of" in proc.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labeldp", "demo", "--quick", "--output", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    ports: list[int] = []
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:
+        found = re.findall(r"\(:(\d+)\)", line)
+        if found:
+            ports = [int(p) for p in found]
+        if "publisher: feature set" in line or time.monotonic() > deadline:
+            break  # both services are up and the story is under way
+    assert len(ports) == 2, "the demo did not say where its services listen"
+    assert all(_listening(p) for p in ports)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+    try:
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    time.sleep(0.5)
+    assert not any(_listening(p) for p in ports)
