@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from feature_party import cli as feature_cli
 from feature_party.client import LabelsPartyError
 from label_party import cli as label_cli
-from labeldp import demo
+from labeldp import demo, experiment
 from labeldp.processes import ServiceStartError
 
 #: Failures of a run (a service down, a step refused): one line, exit status 1.
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     label_cli.register(commands)
     feature_cli.register(commands)
     demo.register(commands)
+    experiment.register(commands)
     return parser
 
 

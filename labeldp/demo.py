@@ -17,29 +17,30 @@ services given by URL — and plays both sides through the real HTTP APIs:
 from __future__ import annotations
 
 import argparse
-import io
-import json
-import secrets
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from feature_party.client import LabelsPartyClient
-from labeldp.datasets import Dataset, load
-from labeldp.processes import ServiceProcess, free_port, running
+from labeldp.datasets import load
+from labeldp.harness import (
+    Endpoints,
+    Publisher,
+    endpoints_from,
+    local_services,
+    noisy_label_mse,
+    non_private_baseline,
+    parquet_bytes,
+)
+from labeldp.harness import RunError as DemoError
 
-
-class DemoError(RuntimeError):
-    """A step of the demo failed; the message says which and why."""
+__all__ = ["DemoError", "Plan", "default_plan", "play", "register", "run"]
 
 
 @dataclass(frozen=True)
@@ -74,64 +75,7 @@ def default_plan(*, quick: bool, epsilon: float) -> Plan:
     return Plan(epsilon=epsilon, epochs=6 if quick else 20, mechanisms=mechanisms)
 
 
-# -- the services ------------------------------------------------------------------
-
-
-@dataclass
-class Endpoints:
-    labels_url: str
-    labels_admin_token: str
-    features_url: str
-    features_token: str
-
-
-@contextmanager
-def local_services(workdir: Path, *, say: Callable[[str], None]) -> Iterator[Endpoints]:
-    """Both parties and a worker as processes on free ports; stopped on exit."""
-    label_token, feature_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-    label_port, feature_port = free_port(), free_port()
-    label_env = {"LABELDP_DATA_DIR": str(workdir / "labels-party"),
-                 "LABELDP_ADMIN_TOKEN": label_token}  # fmt: skip
-    feature_env = {"LABELDP_DATA_DIR": str(workdir / "features-party"),
-                   "LABELDP_ADMIN_TOKEN": feature_token}  # fmt: skip
-    logs = workdir / "logs"
-    services = [
-        ServiceProcess("labels party", ["label-party", "serve", "--port", str(label_port)],
-                       label_env, logs / "labels-party.log", port=label_port),
-        ServiceProcess("features party", ["feature-party", "serve", "--port", str(feature_port)],
-                       feature_env, logs / "features-party.log", port=feature_port),
-        ServiceProcess("worker", ["feature-party", "worker"], feature_env, logs / "worker.log"),
-    ]  # fmt: skip
-    say(f"starting the labels party (:{label_port}), the features party (:{feature_port}) "
-        f"and a worker; logs in {logs}")  # fmt: skip
-    with running(*services):
-        yield Endpoints(
-            labels_url=services[0].url,
-            labels_admin_token=label_token,
-            features_url=services[1].url,
-            features_token=feature_token,
-        )
-
-
 # -- the two organizations -----------------------------------------------------------
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
-
-
-def _check(response: httpx.Response, what: str) -> dict[str, Any]:
-    if response.status_code >= 400:
-        try:
-            body = response.json()
-            message = body.get("message", response.text)
-        except ValueError:
-            message = response.text
-        raise DemoError(f"{what}: HTTP {response.status_code}: {message}")
-    data: dict[str, Any] = response.json()
-    return data
 
 
 @dataclass
@@ -144,77 +88,6 @@ class Outcome:
     seconds: float
     release_id: str | None = None
     manifest: dict[str, Any] = field(default_factory=dict)
-
-
-class Publisher:
-    """The features party's side, over its REST API."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.http = httpx.Client(
-            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120.0
-        )
-
-    def upload_features(self, table: pa.Table, roles: dict[str, list[str]]) -> str:
-        response = self.http.post(
-            "/v1/feature-sets",
-            files={"file": ("features.parquet", _parquet_bytes(table))},
-            data={"schema": json.dumps(roles), "name": "demo features"},
-        )
-        return str(_check(response, "uploading the features")["id"])
-
-    def receive(self, body: dict[str, Any]) -> dict[str, Any]:
-        return _check(self.http.post("/v1/received-labels", json=body), "fetching a release")
-
-    def train(self, body: dict[str, Any], *, say: Callable[[str], None]) -> dict[str, Any]:
-        job = _check(self.http.post("/v1/jobs", json=body), "submitting a training job")
-        last = ""
-        while True:
-            state = _check(self.http.get(f"/v1/jobs/{job['id']}"), "reading a job")
-            progress = state.get("progress") or {}
-            line = ""
-            if progress:
-                epoch = f"{progress.get('epoch', 0)}/{progress.get('epochs', '?')}"
-                line = f"    epoch {epoch}  loss {progress.get('loss', float('nan')):.4g}"
-            if line and line != last:
-                say(line)
-                last = line
-            if state["status"] == "succeeded":
-                return state
-            if state["status"] in ("failed", "cancelled"):
-                raise DemoError(f"training job {job['id']} {state['status']}: {state.get('error')}")
-            time.sleep(0.5)
-
-    def predict(self, model_id: str, table: pa.Table) -> np.ndarray:
-        response = self.http.post(
-            f"/v1/models/{model_id}/predict",
-            files={"file": ("rows.parquet", _parquet_bytes(table))},
-        )
-        return np.asarray(_check(response, "predicting")["prediction"], dtype=np.float64)
-
-
-def non_private_baseline(
-    data: Dataset, train_rows: np.ndarray, test_rows: np.ndarray, plan: Plan, workdir: Path
-) -> float:
-    """Test MSE of the same model trained on the true labels, outside the services."""
-    from feature_party.training.artifact import Predictor
-    from feature_party.training.config import TrainingConfig
-    from feature_party.training.data import ColumnRoles
-    from feature_party.training.dataset import load_training_data
-    from feature_party.training.loop import train
-
-    features_path, labels_path = workdir / "baseline-features.parquet", workdir / "baseline.parquet"
-    pq.write_table(data.features_table(train_rows), features_path)
-    pq.write_table(data.labels_table(train_rows), labels_path)
-    config = TrainingConfig(**plan.training(), device="cpu")
-    roles = ColumnRoles(numeric=tuple(data.numeric), categorical=tuple(data.categorical))
-    prepared = load_training_data(features_path=features_path, labels_path=labels_path,
-                                  roles=roles, config=config, manifest={})  # fmt: skip
-    import torch
-
-    result = train(prepared, config, device=torch.device("cpu"))
-    predictor = Predictor(result.model, prepared.preprocessing, prepared.loss, "regression")
-    predictions = predictor.predict(data.features_table(test_rows))
-    return float(np.mean((predictions - data.labels[test_rows]) ** 2))
 
 
 def play(
@@ -231,7 +104,7 @@ def play(
             name=f"{data.name} demo", task=data.task, label_domain=data.label_domain,
             epsilon_budget=plan.budget,
         )  # fmt: skip
-        advertiser.upload_labels(dataset["id"], _parquet_bytes(data.labels_table(train_rows)))
+        advertiser.upload_labels(dataset["id"], parquet_bytes(data.labels_table(train_rows)))
         say(f"advertiser: dataset {dataset['id']} with ε budget {plan.budget:g}, "
             f"{train_rows.size} labels uploaded")  # fmt: skip
         client = advertiser.create_client(name="publisher", role="client")
@@ -262,7 +135,7 @@ def play(
         )
         predictions = publisher.predict(job["model_id"], test_features)
         test_mse = float(np.mean((predictions - data.labels[test_rows]) ** 2))
-        noisy = _noisy_label_mse(endpoints, client["token"], received["release_id"], true_train)
+        noisy = noisy_label_mse(endpoints, client["token"], received["release_id"], true_train)
         with LabelsPartyClient(endpoints.labels_url, endpoints.labels_admin_token) as advertiser:
             budget = advertiser.get_budget(dataset["id"])
         outcomes.append(Outcome(name, plan.epsilon, noisy, test_mse,
@@ -272,25 +145,11 @@ def play(
         say(f"    test MSE {test_mse:,.0f}; noisy-label MSE {noisy:,.0f}")
 
     say("non-private baseline (trained on the true labels, outside the services)")
-    baseline = non_private_baseline(data, train_rows, test_rows, plan, workdir)
+    baseline = non_private_baseline(data, train_rows, test_rows, plan.training(), workdir)
     outcomes.append(Outcome("non-private", float("inf"), 0.0, baseline, None, 0.0))
     with LabelsPartyClient(endpoints.labels_url, endpoints.labels_admin_token) as advertiser:
         verification = advertiser.verify_audit()
     return {"dataset": data, "outcomes": outcomes, "audit": verification, "test_rows": test_rows}
-
-
-def _noisy_label_mse(
-    endpoints: Endpoints, token: str, release_id: str, truth: dict[str, float]
-) -> float:
-    """The referee's view: how far the released labels are from the true ones."""
-    with LabelsPartyClient(endpoints.labels_url, token) as lp, tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "release.parquet"
-        lp.download_labels(release_id, path)
-        table = pq.read_table(path)
-    ids = table.column("example_id").to_pylist()
-    noisy = table.column("label").to_numpy()
-    true = np.array([truth[i] for i in ids])
-    return float(np.mean((noisy - true) ** 2))
 
 
 # -- reporting ---------------------------------------------------------------------
@@ -390,17 +249,13 @@ def run(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f}s] {message}", flush=True)
 
-    given = [args.labels_party, args.labels_token, args.features_party, args.features_token]
     with tempfile.TemporaryDirectory(prefix="labeldp-demo-") as tmp:
         workdir = Path(tmp)
         try:
-            if all(given):
-                endpoints = Endpoints(args.labels_party, args.labels_token,
-                                      args.features_party, args.features_token)  # fmt: skip
+            endpoints = endpoints_from(args.labels_party, args.labels_token,
+                                       args.features_party, args.features_token)  # fmt: skip
+            if endpoints is not None:
                 result = play(endpoints, plan, workdir, say=say)
-            elif any(given):
-                raise DemoError("give all of --labels-party, --labels-token, --features-party "
-                                "and --features-token, or none")  # fmt: skip
             else:
                 with local_services(workdir, say=say) as endpoints:
                     result = play(endpoints, plan, workdir, say=say)

@@ -1,0 +1,205 @@
+"""What ``labeldp demo`` and ``labeldp experiment`` share: the services as local
+processes, the publisher's side over the features party's REST API, the referee's
+measurements (noisy-label MSE against the true labels, which only the referee
+knows), and the non-private baseline trained outside the services.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from feature_party.client import LabelsPartyClient
+from labeldp.datasets import Dataset
+from labeldp.processes import ServiceProcess, free_port, running
+
+
+class RunError(RuntimeError):
+    """A step of a run (demo, experiment) failed; the message says which and why."""
+
+
+# -- the services ------------------------------------------------------------------
+
+
+@dataclass
+class Endpoints:
+    labels_url: str
+    labels_admin_token: str
+    features_url: str
+    features_token: str
+
+
+def endpoints_from(
+    labels_url: str | None,
+    labels_token: str | None,
+    features_url: str | None,
+    features_token: str | None,
+) -> Endpoints | None:
+    """Running services given on the command line, ``None`` for none (start local ones)."""
+    given = [labels_url, labels_token, features_url, features_token]
+    if all(given):
+        return Endpoints(str(labels_url), str(labels_token), str(features_url),
+                         str(features_token))  # fmt: skip
+    if any(given):
+        raise RunError("give all of --labels-party, --labels-token, --features-party "
+                       "and --features-token, or none")  # fmt: skip
+    return None
+
+
+@contextmanager
+def local_services(workdir: Path, *, say: Callable[[str], None]) -> Iterator[Endpoints]:
+    """Both parties and a worker as processes on free ports; stopped on exit."""
+    label_token, feature_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    label_port, feature_port = free_port(), free_port()
+    label_env = {"LABELDP_DATA_DIR": str(workdir / "labels-party"),
+                 "LABELDP_ADMIN_TOKEN": label_token}  # fmt: skip
+    feature_env = {"LABELDP_DATA_DIR": str(workdir / "features-party"),
+                   "LABELDP_ADMIN_TOKEN": feature_token}  # fmt: skip
+    logs = workdir / "logs"
+    services = [
+        ServiceProcess("labels party", ["label-party", "serve", "--port", str(label_port)],
+                       label_env, logs / "labels-party.log", port=label_port),
+        ServiceProcess("features party", ["feature-party", "serve", "--port", str(feature_port)],
+                       feature_env, logs / "features-party.log", port=feature_port),
+        ServiceProcess("worker", ["feature-party", "worker"], feature_env, logs / "worker.log"),
+    ]  # fmt: skip
+    say(f"starting the labels party (:{label_port}), the features party (:{feature_port}) "
+        f"and a worker; logs in {logs}")  # fmt: skip
+    with running(*services):
+        yield Endpoints(
+            labels_url=services[0].url,
+            labels_admin_token=label_token,
+            features_url=services[1].url,
+            features_token=feature_token,
+        )
+
+
+# -- the publisher -------------------------------------------------------------------
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+def _check(response: httpx.Response, what: str) -> dict[str, Any]:
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+            message = body.get("message", response.text)
+        except ValueError:
+            message = response.text
+        raise RunError(f"{what}: HTTP {response.status_code}: {message}")
+    data: dict[str, Any] = response.json()
+    return data
+
+
+class Publisher:
+    """The features party's side, over its REST API."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.http = httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120.0
+        )
+
+    def upload_features(
+        self, table: pa.Table, roles: dict[str, list[str]], *, name: str = "demo features"
+    ) -> str:
+        response = self.http.post(
+            "/v1/feature-sets",
+            files={"file": ("features.parquet", parquet_bytes(table))},
+            data={"schema": json.dumps(roles), "name": name},
+        )
+        return str(_check(response, "uploading the features")["id"])
+
+    def receive(self, body: dict[str, Any]) -> dict[str, Any]:
+        return _check(self.http.post("/v1/received-labels", json=body), "fetching a release")
+
+    def train(self, body: dict[str, Any], *, say: Callable[[str], None]) -> dict[str, Any]:
+        job = _check(self.http.post("/v1/jobs", json=body), "submitting a training job")
+        last = ""
+        while True:
+            state = _check(self.http.get(f"/v1/jobs/{job['id']}"), "reading a job")
+            progress = state.get("progress") or {}
+            line = ""
+            if progress:
+                epoch = f"{progress.get('epoch', 0)}/{progress.get('epochs', '?')}"
+                line = f"    epoch {epoch}  loss {progress.get('loss', float('nan')):.4g}"
+            if line and line != last:
+                say(line)
+                last = line
+            if state["status"] == "succeeded":
+                return state
+            if state["status"] in ("failed", "cancelled"):
+                raise RunError(f"training job {job['id']} {state['status']}: {state.get('error')}")
+            time.sleep(0.5)
+
+    def predict(self, model_id: str, table: pa.Table) -> np.ndarray:
+        response = self.http.post(
+            f"/v1/models/{model_id}/predict",
+            files={"file": ("rows.parquet", parquet_bytes(table))},
+        )
+        return np.asarray(_check(response, "predicting")["prediction"], dtype=np.float64)
+
+    def close(self) -> None:
+        self.http.close()
+
+
+# -- the referee -----------------------------------------------------------------------
+
+
+def noisy_label_mse(
+    endpoints: Endpoints, token: str, release_id: str, truth: Mapping[str, float]
+) -> float:
+    """The referee's view: how far the released labels are from the true ones."""
+    with LabelsPartyClient(endpoints.labels_url, token) as lp, tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "release.parquet"
+        lp.download_labels(release_id, path)
+        table = pq.read_table(path)
+    ids = table.column("example_id").to_pylist()
+    noisy = table.column("label").to_numpy()
+    true = np.array([truth[i] for i in ids])
+    return float(np.mean((noisy - true) ** 2))
+
+
+def non_private_baseline(
+    data: Dataset,
+    train_rows: np.ndarray,
+    test_rows: np.ndarray,
+    training: Mapping[str, Any],
+    workdir: Path,
+) -> float:
+    """Test MSE of the same model trained on the true labels, outside the services."""
+    from feature_party.training.artifact import Predictor
+    from feature_party.training.config import TrainingConfig
+    from feature_party.training.data import ColumnRoles
+    from feature_party.training.dataset import load_training_data
+    from feature_party.training.loop import train
+
+    features_path, labels_path = workdir / "baseline-features.parquet", workdir / "baseline.parquet"
+    pq.write_table(data.features_table(train_rows), features_path)
+    pq.write_table(data.labels_table(train_rows), labels_path)
+    config = TrainingConfig(**training, device="cpu")
+    roles = ColumnRoles(numeric=tuple(data.numeric), categorical=tuple(data.categorical))
+    prepared = load_training_data(features_path=features_path, labels_path=labels_path,
+                                  roles=roles, config=config, manifest={})  # fmt: skip
+    import torch
+
+    result = train(prepared, config, device=torch.device("cpu"))
+    predictor = Predictor(result.model, prepared.preprocessing, prepared.loss, "regression")
+    predictions = predictor.predict(data.features_table(test_rows))
+    return float(np.mean((predictions - data.labels[test_rows]) ** 2))

@@ -1,0 +1,106 @@
+"""``labeldp experiment`` through the real services, one small configuration per
+method, all in ONE set of services started once for the module (the harness's
+``local_services``) and passed by URL and token, as a user would."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from labeldp.datasets import DatasetUnavailableError, load
+from labeldp.experiment import METHODS, main, subsample
+from labeldp.harness import Endpoints, local_services, non_private_baseline
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["--dataset", "rand-hie-spend", "--epochs", "2", "--max-examples", "4000", "--json"]
+EPSILON = 1.0
+
+
+@pytest.fixture(scope="module")
+def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    try:
+        load("rand-hie-spend")
+    except DatasetUnavailableError as exc:
+        pytest.skip(str(exc))
+    with local_services(tmp_path_factory.mktemp("services"), say=print) as running:
+        yield running
+
+
+def _run(
+    argv: list[str], endpoints: Endpoints | None, capsys: pytest.CaptureFixture[str]
+) -> dict[str, Any]:
+    services = [] if endpoints is None else [
+        "--labels-party", endpoints.labels_url, "--labels-token", endpoints.labels_admin_token,
+        "--features-party", endpoints.features_url, "--features-token", endpoints.features_token,
+    ]  # fmt: skip
+    code = main([*argv, *services])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result: dict[str, Any] = json.loads(captured.out)  # --json: only the object on stdout
+    assert set(result) >= {"dataset", "method", "epsilon", "seeds", "mechanism_mse", "test",
+                           "epsilon_spent", "seconds"}  # fmt: skip
+    assert set(result["test"]) == {"mse", "mse_std"}
+    assert math.isfinite(result["test"]["mse"]) and result["test"]["mse"] > 0
+    assert math.isfinite(result["test"]["mse_std"]) and result["test"]["mse_std"] >= 0
+    assert result["seconds"] > 0
+    return result
+
+
+PRIVATE = [m for m in METHODS if m != "non-private"]
+
+
+@pytest.mark.parametrize("method", PRIVATE)
+def test_private_method(
+    method: str, endpoints: Endpoints, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seeds = 2 if method == "laplace-clipped" else 1
+    extra = ["--mesh", "60"] if method == "unbiased" else []
+    argv = [*SMALL, "--method", method, "--epsilon", str(EPSILON), "--seeds", str(seeds), *extra]
+    result = _run(argv, endpoints, capsys)
+    assert result["dataset"] == "rand-hie-spend" and result["method"] == method
+    assert result["epsilon"] == EPSILON and result["seeds"] == seeds
+    assert result["mechanism_mse"] > 0 and math.isfinite(result["mechanism_mse"])
+    assert result["epsilon_spent"] == pytest.approx(EPSILON * seeds)
+    assert len(result["per_seed"]) == seeds
+    assert len({r["dataset_id"] for r in result["per_seed"]}) == seeds  # a dataset per seed
+
+
+def test_non_private_equals_the_baseline(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    result = _run([*SMALL, "--method", "non-private"], None, capsys)
+    assert result["epsilon"] == "inf" and result["mechanism_mse"] == 0
+    assert result["epsilon_spent"] == 0
+    at_infinity = _run([*SMALL, "--method", "laplace", "--epsilon", "inf"], None, capsys)
+    assert at_infinity["test"] == result["test"] and at_infinity["epsilon_spent"] == 0
+
+    data = subsample(load("rand-hie-spend"), 4000)
+    train_rows, test_rows = data.split(seed=0)
+    training = {"task": "regression", "loss": "squared", "epochs": 2, "batch_size": 512,
+                "learning_rate": 3e-3, "seed": 0}  # fmt: skip
+    baseline = non_private_baseline(data, train_rows, test_rows, training, tmp_path)
+    assert result["test"]["mse"] == pytest.approx(baseline)
+
+
+def test_own_files(
+    endpoints: Endpoints, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = subsample(load("rand-hie-spend"), 2000)
+    pq.write_table(data.labels_table(), tmp_path / "labels.parquet")
+    pq.write_table(data.features_table(), tmp_path / "features.parquet")
+    argv = ["--labels", str(tmp_path / "labels.parquet"),
+            "--features", str(tmp_path / "features.parquet"), "--task", "regression",
+            "--domain", json.dumps(data.label_domain), "--categorical", ",".join(data.categorical),
+            "--method", "rr-on-bins", "--epsilon", "2", "--epochs", "2", "--json"]  # fmt: skip
+    result = _run(argv, endpoints, capsys)
+    assert result["dataset"] == "labels" and result["examples"] == len(data)
+    assert result["epsilon_spent"] == pytest.approx(2.0)
+    assert 0 < result["mechanism_mse"] < np.var(data.labels) * 10
