@@ -14,6 +14,7 @@ from label_party.clients.endpoints import router as clients_router
 from label_party.config import Settings
 from label_party.datasets.endpoints import router as datasets_router
 from label_party.db import connect, migrate, transaction
+from label_party.example_priors.endpoints import router as priors_router
 from label_party.health import router as health_router
 from label_party.labels.endpoints import router as labels_router
 from label_party.limits import BodyLimitMiddleware
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         datasets_router,
         labels_router,
         partitions_router,
+        priors_router,
         releases_router,
         clients_router,
         audit_router,

@@ -86,5 +86,9 @@ class Settings(BaseSettings):
         return self.data_dir / "partitions"
 
     @property
+    def priors_dir(self) -> Path:
+        return self.data_dir / "priors"
+
+    @property
     def tmp_dir(self) -> Path:
         return self.data_dir / "tmp"

@@ -155,3 +155,22 @@ class AuditEntry(Base):
     payload: Mapped[str] = mapped_column(Text)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
+
+
+class PriorSet(Base):
+    """An uploaded set of example priors (``groups`` or ``probabilities``)."""
+
+    __tablename__ = "prior_sets"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    #: ``groups`` or ``probabilities``.
+    kind: Mapped[str] = mapped_column(String(20))
+    num_rows: Mapped[int] = mapped_column(BigInteger)
+    #: Distinct groups (``groups``) or None.
+    num_groups: Mapped[int | None] = mapped_column(Integer, default=None)
+    #: K (``probabilities``) or None.
+    num_classes: Mapped[int | None] = mapped_column(Integer, default=None)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_by: Mapped[str] = mapped_column(String(36))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

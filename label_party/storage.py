@@ -4,6 +4,7 @@ Layout (under ``LABELDP_DATA_DIR``)::
 
     labels/<dataset id>/<sha256>.parquet      example_id: string, label: float64
     partitions/<dataset id>/<sha256>.parquet  example_id: string, part: string
+    priors/<dataset id>/<sha256>.parquet      example_id plus a group or K probabilities
     releases/<sha256>.parquet                 example_id: string, label: float64
     tmp/                                      files being written
 
@@ -24,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from label_party.config import Settings
-from label_party.models import Dataset, PartitionPlan, Release
+from label_party.models import Dataset, PartitionPlan, PriorSet, Release
 from shared.parquet import publish_by_hash, temp_path
 
 logger = logging.getLogger("label_party.storage")
@@ -91,7 +92,8 @@ def sweep_orphans(settings: Settings, session: Session) -> int:
     keep |= {
         (d, s) for d, s in session.execute(select(PartitionPlan.dataset_id, PartitionPlan.sha256))
     }
-    for root in (settings.labels_dir, settings.partitions_dir):
+    keep |= {(d, s) for d, s in session.execute(select(PriorSet.dataset_id, PriorSet.sha256))}
+    for root in (settings.labels_dir, settings.partitions_dir, settings.priors_dir):
         if root.exists():
             for path in root.glob("*/*.parquet"):
                 if (path.parent.name, path.stem) not in keep:

@@ -97,3 +97,23 @@ class ReleaseRead(BaseModel):
     parts: list[str] | None = None
     idempotency_key: str | None = None
     created_at: datetime
+
+
+class PriorSetRead(BaseModel):
+    """``POST /v1/datasets/{id}/priors`` (multipart ``file``, ``kind``): a stored set
+    of example priors for ``rr-with-prior`` releases (``prior_id`` = ``id``).
+
+    ``kind`` ``groups``: a label-independent group per example (``num_groups``);
+    ``probabilities``: K class probabilities per example (``num_classes``).
+    ``num_unmatched``: rows whose ``example_id`` the dataset's labels lack (kept;
+    ``None`` when no labels are uploaded yet)."""
+
+    id: str
+    dataset_id: str
+    kind: Literal["groups", "probabilities"]
+    num_rows: int
+    num_groups: int | None = None
+    num_classes: int | None = None
+    num_unmatched: int | None = None
+    sha256: str
+    created_at: datetime

@@ -29,7 +29,13 @@ router = APIRouter(tags=["releases"])
     summary="Spend ε on a randomized release of the labels (admin, granted client)",
     description="`epsilon` is the total the release spends, its private prior "
     "included. 409 `budget_exceeded` leaves the budget untouched; a repeated "
-    "`idempotency_key` returns the same release (200) and spends nothing.",
+    "`idempotency_key` returns the same release (200) and spends nothing. "
+    "`rr-with-prior` takes `prior_source`: `global` (default; a noisy class histogram "
+    "at `prior_epsilon`), `groups` (with `prior_id` of a `groups` prior set: noisy "
+    "per-group histograms at `prior_epsilon`, default min(√(G·K/n), ε/2), charged once "
+    "for all groups) or `example` (with `prior_id` of a `probabilities` prior set: no ε "
+    "for the prior, `prior_epsilon` must be omitted). Every example in scope must be "
+    "covered by the prior set (else 422 listing up to 100 ids, nothing spent).",
 )
 async def create_release(
     dataset_id: str,

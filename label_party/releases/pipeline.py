@@ -7,7 +7,11 @@ uses one (DESIGN.md §3.2, charged inside the release's ε), the mechanism is
 fitted at ε − ε₁ to (grid, noisy prior), and each example's grid row is sampled.
 Additive mechanisms (Laplace, staircase, exponential) sample on the raw labels
 with the declared (min, max). Classification: ``rr`` by randomized response,
-``rr-with-prior`` with a global noisy histogram prior over the classes.
+``rr-with-prior`` with a global noisy histogram prior over the classes, or
+(:func:`randomize_with_example_priors`) with per-example priors from a prior set
+the features party uploaded: noisy per-group histograms over its groups
+(``prior_source: "groups"``, ε_p charged once) or its model's probabilities
+(``prior_source: "example"``, no ε for the prior).
 
 Two passes over the stored Parquet file: the first rounds labels to grid rows
 (kept as int32, 4 bytes per label), the second samples and writes the output
@@ -29,19 +33,33 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from label_party.datasets.domain import ClassificationDomain, RegressionDomain
+from label_party.example_priors.service import LoadedPriors
 from label_party.exceptions import InvalidRequestError
 from label_party.labels.validation import LABELS_SCHEMA
 from label_party.ledger.units import EPSILON_SCALE
 from label_party.mechanisms import rounding
-from label_party.mechanisms.base import FiniteMechanism, Loss, Mechanism, MechanismError
+from label_party.mechanisms.base import (
+    FiniteMechanism,
+    Loss,
+    Mechanism,
+    MechanismError,
+    check_epsilon,
+)
 from label_party.mechanisms.registry import fit, get_spec
-from label_party.priors import IntegerRandom, default_prior_epsilon, laplace_histogram
+from label_party.priors import (
+    IntegerRandom,
+    default_prior_epsilon,
+    group_histograms,
+    laplace_histogram,
+)
 from label_party.storage import ROW_GROUP
 
 #: Mechanisms that may be previewed but never released on their own.
 NOT_RELEASABLE = frozenset({"randomized-rounding"})
 #: Options no request may set: randomness comes from the OS (DESIGN.md §3.5).
 SEED_OPTIONS = frozenset({"seed", "rng", "random_state", "random_seed"})
+#: Where an ``rr-with-prior`` release's priors come from (see :func:`prior_source`).
+PRIOR_SOURCES = ("global", "groups", "example")
 
 
 @dataclass(frozen=True)
@@ -78,14 +96,43 @@ def check_plan(plan: ReleasePlan, task: str) -> None:
         raise InvalidRequestError(
             f"{plan.mechanism} is a {spec.task} mechanism; the dataset is {task}"
         )
-    if plan.prior_epsilon is not None:
+    source = prior_source(plan)
+    if source == "example":
+        if plan.prior_epsilon:
+            raise InvalidRequestError(
+                "per-example priors cost no ε (post-processing); omit prior_epsilon"
+            )
+    elif plan.prior_epsilon is not None:
         if not spec.uses_prior and plan.prior_epsilon > 0:
             raise InvalidRequestError(f"{plan.mechanism} does not use a prior; omit prior_epsilon")
         if spec.uses_prior and not 0 < plan.prior_epsilon < plan.epsilon:
             raise InvalidRequestError("prior_epsilon must be > 0 and below epsilon")
+
+
+def prior_source(plan: ReleasePlan) -> str:
+    """The plan's ``prior_source`` (``global`` by default), its options checked.
+
+    ``groups`` and ``example`` are for ``rr-with-prior`` only and need ``prior_id``
+    (a prior set of kind ``groups`` / ``probabilities``) and no other option.
+    """
     source = plan.params.get("prior_source", "global")
-    if source != "global":
-        raise InvalidRequestError("only prior_source 'global' is supported so far")
+    if source not in PRIOR_SOURCES:
+        raise InvalidRequestError(f"prior_source must be one of {', '.join(PRIOR_SOURCES)}")
+    if source == "global":
+        if "prior_id" in plan.params:
+            raise InvalidRequestError("prior_id needs prior_source 'groups' or 'example'")
+        return "global"
+    if plan.mechanism != "rr-with-prior":
+        raise InvalidRequestError(f"prior_source {source!r} is for rr-with-prior only")
+    prior_id = plan.params.get("prior_id")
+    if not isinstance(prior_id, str) or not prior_id:
+        raise InvalidRequestError(f"prior_source {source!r} needs a prior_id")
+    extra = sorted(set(plan.params) - {"prior_source", "prior_id"})
+    if extra:
+        raise InvalidRequestError(
+            f"rr-with-prior with prior_source {source!r} takes no other option: {extra}"
+        )
+    return str(source)
 
 
 def _batches(
@@ -160,7 +207,7 @@ def randomize(
         prior=prior,
         loss=plan.loss,
         domain=bounds,
-        params={k_: v for k_, v in plan.params.items() if k_ != "prior_source"},
+        params={k_: v for k_, v in plan.params.items() if k_ not in ("prior_source", "prior_id")},
     )
     if not np.isfinite(mech.epsilon):
         raise MechanismError(f"{plan.mechanism} is not private by itself")
@@ -209,3 +256,138 @@ def _sample(
         result: np.ndarray = mech.outputs[cols]
         return result
     return np.asarray(mech.sample(values, rng=rng, chunk_size=chunk_size), np.float64)
+
+
+#: Example ids listed when a release's scope has examples without a prior.
+MAX_LISTED = 100
+
+
+def randomize_with_example_priors(
+    plan: ReleasePlan,
+    priors: LoadedPriors,
+    *,
+    labels_file: Path,
+    out_file: Path,
+    selected: pa.Array | None,
+    rng: np.random.Generator,
+    prior_rng: IntegerRandom | None,
+    chunk_size: int,
+) -> Randomized:
+    """``rr-with-prior`` with a prior per example, from a prior set.
+
+    ``groups``: every example in scope must have a group (else 422, nothing
+    written). The G×K counts (G = all groups of the set, a label-independent
+    number) get DLap(2/ε_p) noise once — ε_p = ``prior_epsilon`` or
+    min(√(G·K/n), ε/2) — and each example's prior is its group's noisy
+    histogram (Algorithm 4 of the supplement); RRTop-k runs at ε − ε_p.
+    ``probabilities``: each example's prior is its row (post-processing: ε_p = 0,
+    RRTop-k at ε). Sampling is :func:`rr_with_prior_sample`, batch by batch.
+    """
+    from label_party.mechanisms.classification import rr_with_prior_sample, top_k_sets
+
+    assert isinstance(plan.domain, ClassificationDomain)
+    k = plan.domain.size
+    # Pass 1: class index and prior row of every example in scope. The ids are
+    # matched in one hash join (one hash table over the prior set, not one per batch).
+    labels_parts: list[np.ndarray] = []
+    id_parts: list[pa.Array] = []
+    for ids, values in _batches(labels_file, selected, chunk_size):
+        id_parts.append(ids)
+        labels_parts.append(np.asarray(values).astype(np.int64))
+    labels: np.ndarray[Any, np.dtype[np.int64]] = (
+        np.concatenate(labels_parts) if labels_parts else np.empty(0, np.int64)
+    )
+    del labels_parts
+    scope_ids = pa.chunked_array(id_parts, pa.string())
+    del id_parts
+    pos = pc.index_in(scope_ids, value_set=priors.ids)
+    if pos.null_count:
+        missing = scope_ids.filter(pc.is_null(pos))
+        raise InvalidRequestError(
+            f"{len(missing)} example(s) in the release's scope have no "
+            f"{'group' if priors.kind == 'groups' else 'prior'} in prior set "
+            f"{priors.prior_id}; nothing was spent",
+            {"missing": len(missing), "example_ids": missing.slice(0, MAX_LISTED).to_pylist()},
+        )
+    del scope_ids
+    rows = pos.to_numpy().astype(np.int64, copy=False)
+    del pos
+    n = labels.size
+    if n == 0:
+        raise InvalidRequestError("the release's scope holds no labelled examples")
+
+    params: dict[str, Any] = {
+        "num_classes": k,
+        "prior_source": "groups" if priors.kind == "groups" else "example",
+        "prior_id": priors.prior_id,
+        "prior_sha256": priors.sha256,
+    }
+    prior_eps = Decimal(0)
+    group_of: np.ndarray | None = None
+    group_priors: np.ndarray | None = None
+    if priors.kind == "groups":
+        assert priors.group_of_row is not None and priors.group_names is not None
+        num_groups = len(priors.group_names)
+        if plan.prior_epsilon is not None:
+            prior_eps = plan.prior_epsilon
+        else:
+            split = default_prior_epsilon(
+                num_values=k * num_groups, num_labels=n, epsilon=float(plan.epsilon)
+            )
+            prior_eps = Decimal(math.floor(split * EPSILON_SCALE)) / EPSILON_SCALE
+        if not 0 < prior_eps < plan.epsilon:
+            raise InvalidRequestError("the prior's ε must be > 0 and below the release's ε")
+        group_of = priors.group_of_row[rows]
+        _ids, group_priors = group_histograms(
+            labels, group_of, k, epsilon=prior_eps, num_groups=num_groups, rng=prior_rng
+        )
+    epsilon = float(plan.epsilon - prior_eps)
+    check_epsilon(epsilon)
+
+    def priors_of(start: int, stop: int) -> np.ndarray:
+        if group_of is not None and group_priors is not None:
+            block: np.ndarray = group_priors[group_of[start:stop]]
+            return block
+        assert priors.probabilities is not None
+        rows_block: np.ndarray = priors.probabilities[rows[start:stop]]
+        return rows_block
+
+    # Pass 2: sample and write, batch by batch (bounded memory: one batch of priors).
+    k_star_counts = np.zeros(k + 1, dtype=np.int64)
+    written = 0
+    with pq.ParquetWriter(out_file, LABELS_SCHEMA, compression="snappy") as writer:
+        for ids, _values in _batches(labels_file, selected, chunk_size):
+            stop = written + len(ids)
+            block = priors_of(written, stop)
+            noisy = rr_with_prior_sample(
+                labels[written:stop], block, epsilon=epsilon, rng=rng, chunk_size=chunk_size
+            )
+            if group_of is None:
+                k_star, _order = top_k_sets(block, epsilon=epsilon)
+                k_star_counts += np.bincount(k_star, minlength=k + 1)
+            written = stop
+            writer.write_table(
+                pa.table({"example_id": ids, "label": pa.array(noisy, pa.float64())}),
+                row_group_size=ROW_GROUP,
+            )
+    if group_of is not None and group_priors is not None and priors.group_names is not None:
+        # Public once released: the noisy per-group histograms and their RRTop-k sets.
+        group_k, order = top_k_sets(group_priors, epsilon=epsilon)
+        k_star_counts = np.bincount(group_k[group_of], minlength=k + 1)
+        params["groups"] = priors.group_names
+        params["group_priors"] = group_priors.tolist()
+        params["group_k_star"] = group_k.tolist()
+        params["group_top_k"] = [order[g, : int(group_k[g])].tolist() for g in range(group_k.size)]
+    params["k_star_counts"] = {
+        str(j): int(c) for j, c in enumerate(k_star_counts.tolist()) if j and c
+    }
+    classes = plan.domain.grid().tolist()
+    description = {
+        "name": "rr-with-prior",
+        "epsilon": epsilon,
+        "params": params,
+        "inputs": classes,
+        "outputs": classes,
+        "matrix": None,
+    }
+    return Randomized(description=description, prior=None, prior_epsilon=prior_eps, num_labels=n)

@@ -29,6 +29,7 @@ from label_party.audit import service as audit
 from label_party.auth import Principal, require, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
+from label_party.example_priors import service as example_priors
 from label_party.exceptions import (
     ConflictError,
     IdempotencyConflictError,
@@ -44,7 +45,14 @@ from label_party.models import Dataset, LedgerEntry, Release
 from label_party.observability import RELEASES
 from label_party.partitions.service import get_plan
 from label_party.releases import repository
-from label_party.releases.pipeline import ReleasePlan, check_plan, randomize
+from label_party.releases.pipeline import (
+    Randomized,
+    ReleasePlan,
+    check_plan,
+    prior_source,
+    randomize,
+    randomize_with_example_priors,
+)
 from label_party.storage import labels_path, partition_path
 from shared.parquet import publish_by_hash, temp_path
 from shared.protocol import MechanismDescription, ReleaseCreate, ReleaseRead
@@ -85,6 +93,25 @@ def _plan(body: ReleaseCreate, dataset: Dataset) -> ReleasePlan:
     )
     check_plan(plan, dataset.task)
     return plan
+
+
+def _example_priors(
+    session: Session, settings: Settings, dataset: Dataset, plan: ReleasePlan
+) -> example_priors.LoadedPriors | None:
+    """The prior set a ``groups`` / ``example`` release names, loaded (None: global)."""
+    source = prior_source(plan)
+    if source == "global":
+        return None
+    prior = example_priors.get(session, dataset.id, str(plan.params["prior_id"]))
+    wanted = "groups" if source == "groups" else "probabilities"
+    if prior.kind != wanted:
+        raise InvalidRequestError(
+            f"prior_source {source!r} needs a prior set of kind {wanted!r}; "
+            f"{prior.id} is {prior.kind!r}"
+        )
+    if prior.num_classes is not None and prior.num_classes != plan.domain.size:
+        raise InvalidRequestError("the prior set's number of classes differs from the dataset's")
+    return example_priors.load(settings, prior)
 
 
 def _selected_ids(
@@ -139,20 +166,34 @@ def create(
     plan = _plan(body, dataset)
     parts = normalize_parts(body.parts)
     selected = None if parts is None else _selected_ids(settings, session, dataset, parts)
+    priors = _example_priors(session, settings, dataset, plan)
     entry = ledger.reserve(session, principal, dataset, Cost(epsilon_units(body.epsilon), 0, parts))
 
     rng, prior_rng = _generators(settings, session, dataset)
     tmp = temp_path(settings.tmp_dir, ".parquet")
     try:
-        result = randomize(
-            plan,
-            labels_file=labels_path(settings, dataset),
-            out_file=tmp,
-            selected=selected,
-            rng=rng,
-            prior_rng=prior_rng,
-            chunk_size=settings.chunk_size,
-        )
+        result: Randomized
+        if priors is None:
+            result = randomize(
+                plan,
+                labels_file=labels_path(settings, dataset),
+                out_file=tmp,
+                selected=selected,
+                rng=rng,
+                prior_rng=prior_rng,
+                chunk_size=settings.chunk_size,
+            )
+        else:
+            result = randomize_with_example_priors(
+                plan,
+                priors,
+                labels_file=labels_path(settings, dataset),
+                out_file=tmp,
+                selected=selected,
+                rng=rng,
+                prior_rng=prior_rng,
+                chunk_size=settings.chunk_size,
+            )
         _final, sha = publish_by_hash(tmp, settings.releases_dir)
     finally:
         tmp.unlink(missing_ok=True)
@@ -188,6 +229,12 @@ def create(
             "mechanism": plan.mechanism,
             "num_labels": result.num_labels,
             "sha256": sha,
+            # Only for releases with example priors: which prior set they used.
+            **(
+                {}
+                if priors is None
+                else {"prior_source": prior_source(plan), "prior_id": priors.prior_id}
+            ),
         },
     )
     RELEASES.labels(mechanism=plan.mechanism).inc()
