@@ -7,7 +7,13 @@ concatenated to the embeddings, then fully connected ReLU layers.
 
 All categorical columns share one embedding table with per-column offsets, so the
 forward pass is a single gather whatever the number of columns — no per-column
-Python loop on the hot path.
+Python loop on the hot path. The table has exactly one row per vocabulary entry
+of each column (plus its OOV row), so it is as small as per-column tables.
+
+Two gradient layouts for the table: dense (the default; what DistributedDataParallel
+all-reduces) or, with ``sparse_gradients = True``, a sparse COO gradient holding
+only the looked-up rows — for an optimizer that updates just those rows
+(``feature_party.training.optim.LazyRowOptimizer``). The forward pass is the same.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional
 
 __all__ = ["TabularMLP", "TabularMLPConfig"]
 
@@ -68,6 +75,8 @@ class TabularMLP(nn.Module):
     def __init__(self, config: TabularMLPConfig) -> None:
         super().__init__()
         self.config = config
+        #: Sparse gradients for the embedding table (see the module docstring).
+        self.sparse_gradients = False
         sizes: Sequence[int] = config.vocab_sizes
         if any(v < 1 for v in sizes):
             raise ValueError("every vocabulary needs at least its OOV bucket")
@@ -92,9 +101,14 @@ class TabularMLP(nn.Module):
         """The dense input row: numerics followed by the flattened embeddings."""
         if self.embedding is None:
             return numeric
-        # index_select's backward (index_add) is cheaper on CPU than embedding's.
         flat = (categorical + self.offsets).flatten()
-        emb = self.embedding.weight.index_select(0, flat).view(categorical.shape[0], -1)
+        if self.sparse_gradients:
+            # Backward is just (indices, values): no table-sized scatter.
+            emb = functional.embedding(flat, self.embedding.weight, sparse=True)
+        else:
+            # index_select's backward (index_add) is cheaper on CPU than embedding's.
+            emb = self.embedding.weight.index_select(0, flat)
+        emb = emb.view(categorical.shape[0], -1)
         if numeric.shape[1] == 0:
             return emb
         return torch.cat([numeric, emb], dim=1)

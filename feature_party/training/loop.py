@@ -10,6 +10,14 @@ extra communication.
 
 Checkpoints are written after every epoch (atomically, rank 0 only) and the loop
 resumes from one, so a job whose worker died continues from its last epoch.
+
+Embedding updates. In a single process the embedding table gets sparse gradients
+and the configured optimizer is applied lazily to the rows each batch touched
+(``feature_party.training.optim``; the TF/Keras behaviour for sparse gradients),
+which saves the table-sized gradient and optimizer passes of every step on CPU
+(``bench/bench_training.py`` measures both). Under
+DistributedDataParallel (``wrap``) gradients stay dense, as DDP all-reduces them,
+and every row gets the dense update. ``embedding_updates`` forces either.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -29,6 +37,7 @@ from torch import nn
 from feature_party.training.config import TrainingConfig
 from feature_party.training.data import Tensors
 from feature_party.training.dataset import TrainingData
+from feature_party.training.optim import build_optimizers
 from shared.torch_models import TabularMLP, TabularMLPConfig
 
 __all__ = [
@@ -68,6 +77,7 @@ class Progress:
 
 
 Reporter = Callable[[Progress], None]
+EmbeddingUpdates = Literal["auto", "lazy", "dense"]
 
 
 @dataclass
@@ -116,16 +126,6 @@ def build_model(data: TrainingData, config: TrainingConfig) -> TabularMLP:
     return model
 
 
-def _optimizer(model: nn.Module, config: TrainingConfig) -> torch.optim.Optimizer:
-    params = model.parameters()
-    lr, wd = config.learning_rate, config.weight_decay
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=wd)
-    return torch.optim.RMSprop(params, lr=lr, weight_decay=wd)
-
-
 def _evaluate(
     model: nn.Module,
     data: TrainingData,
@@ -137,7 +137,7 @@ def _evaluate(
         return {}
     model.eval()
     total, correct = 0.0, 0.0
-    with torch.no_grad():
+    with torch.inference_mode():
         for start in range(0, len(tensors), 65536):
             sl = slice(start, start + 65536)
             raw = model(tensors.numeric[sl].to(device), tensors.categorical[sl].to(device))
@@ -170,34 +170,56 @@ def train(
     world_size: int = 1,
     wrap: Callable[[nn.Module], nn.Module] | None = None,
     report_every_seconds: float = 1.0,
+    embedding_updates: EmbeddingUpdates = "auto",
 ) -> TrainResult:
     """Train and return the best model on the noisy validation loss (the last one
     without a validation split). ``wrap`` wraps the model (DDP); ``report`` is
     called about every ``report_every_seconds`` and after each epoch, and may
-    raise :class:`Interrupted`."""
+    raise :class:`Interrupted`. ``embedding_updates``: ``lazy`` (sparse gradients,
+    touched rows only), ``dense``, or ``auto`` (lazy unless ``wrap`` is given; a
+    resumed run keeps its checkpoint's choice)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)  # the same initial weights on every rank and run
         model = build_model(data, config).to(device)
+    ckpt: dict[str, Any] | None = None
+    if checkpoint_path is not None and checkpoint_path.exists():
+        ckpt = torch.load(checkpoint_path, map_location=device, weights_only=True)
+    mode = embedding_updates
+    if mode == "auto":
+        if wrap is not None:
+            mode = "dense"
+        else:
+            mode = "lazy" if ckpt is None else ckpt.get("embedding_updates", "dense")
+    if wrap is not None and mode == "lazy":
+        raise ValueError("lazy embedding updates need unwrapped (non-DDP) training")
+    lazy = mode == "lazy" and model.embedding is not None
+    model.sparse_gradients = lazy
     net = wrap(model) if wrap else model
-    optimizer = _optimizer(model, config)
+    table = model.embedding.weight if lazy and model.embedding is not None else None
+    optimizers = build_optimizers(model, config, lazy=[table] if table is not None else None)
     n_local = len(data.train) // world_size
     per_rank_batch = max(1, config.batch_size // world_size)
     steps_per_epoch = max(1, math.ceil(n_local / per_rank_batch))
     total_steps = steps_per_epoch * config.epochs
-    scheduler: torch.optim.lr_scheduler.LRScheduler = (
+    schedulers: list[torch.optim.lr_scheduler.LRScheduler] = [
         torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
         if config.schedule == "cosine"
         else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    )
+        for optimizer in optimizers
+    ]
 
     start_epoch, best_loss, bad_epochs = 0, math.inf, 0
     best_state: dict[str, torch.Tensor] | None = None
     history: list[dict[str, float]] = []
-    if checkpoint_path is not None and checkpoint_path.exists():
-        ckpt = torch.load(checkpoint_path, map_location=device, weights_only=True)
+    if ckpt is not None:
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
+        saved_optimizers, saved_schedulers = ckpt["optimizer"], ckpt["scheduler"]
+        if isinstance(saved_optimizers, dict):  # written before lazy embedding updates
+            saved_optimizers, saved_schedulers = [saved_optimizers], [saved_schedulers]
+        for optimizer, state in zip(optimizers, saved_optimizers, strict=True):
+            optimizer.load_state_dict(state)
+        for scheduler, state in zip(schedulers, saved_schedulers, strict=True):
+            scheduler.load_state_dict(state)
         start_epoch, best_loss, bad_epochs = ckpt["epoch"], ckpt["best_loss"], ckpt["bad_epochs"]
         best_state, history = ckpt["best_state"], ckpt["history"]
 
@@ -231,10 +253,13 @@ def train(
                 ).mean()
             else:
                 loss = loss_fn.per_example(net(num_e[batch], cat_e[batch]), y).mean()
-            optimizer.zero_grad(set_to_none=True)
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
             torch.autograd.backward(loss)
-            optimizer.step()
-            scheduler.step()
+            for optimizer in optimizers:
+                optimizer.step()
+            for scheduler in schedulers:
+                scheduler.step()
             running += loss.detach()
             steps_done += 1
             now = time.perf_counter()
@@ -278,8 +303,9 @@ def train(
                 {
                     "epoch": epoch + 1,
                     "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
+                    "optimizer": [optimizer.state_dict() for optimizer in optimizers],
+                    "scheduler": [scheduler.state_dict() for scheduler in schedulers],
+                    "embedding_updates": mode,
                     "best_loss": best_loss,
                     "bad_epochs": bad_epochs,
                     "best_state": best_state,
@@ -306,6 +332,7 @@ def train(
 
     if best_state is not None:
         model.load_state_dict(best_state)
+    model.sparse_gradients = False  # the returned model is for inference or dense training
     last = history[-1] if history else {}
     metrics: dict[str, Any] = {
         "epochs_run": len(history),
@@ -318,6 +345,7 @@ def train(
         "examples_per_second": last.get("examples_per_second"),
         "world_size": world_size,
         "device": str(device),
+        "embedding_updates": mode,
     }
     if data.loss.classification and history:
         metrics["validation_noisy_accuracy"] = max(
