@@ -75,7 +75,7 @@ from label_party.mechanisms.base import (
     Mechanism,
     MechanismError,
     check_epsilon,
-    secure_generator,
+    map_chunks,
     validate_prior,
 )
 
@@ -516,22 +516,18 @@ def _weighted(prior: FloatArray, per_value: FloatArray) -> float:
     return float(np.sum(np.where(prior > 0, prior * per_value, 0.0)))
 
 
-def _sample_chunks(
+def _sample_checked(
     labels: FloatArray,
     draw: Callable[[FloatArray, np.random.Generator], FloatArray],
     check: Callable[[FloatArray], None],
     rng: np.random.Generator | None,
     chunk_size: int,
 ) -> FloatArray:
-    if chunk_size < 1:
-        raise MechanismError(f"chunk_size must be ≥ 1, got {chunk_size}")
-    rng = rng or secure_generator()
-    labels = np.asarray(labels, dtype=np.float64).ravel()
-    out = np.empty(labels.size, dtype=np.float64)
-    for start in range(0, labels.size, chunk_size):
-        chunk = labels[start : start + chunk_size]
+    def checked(chunk: FloatArray, g: np.random.Generator) -> FloatArray:
         check(chunk)
-        out[start : start + chunk.size] = draw(chunk, rng)
+        return draw(chunk, g)
+
+    out: FloatArray = map_chunks(labels, checked, rng=rng, chunk_size=chunk_size)
     return out
 
 
@@ -603,7 +599,7 @@ class AdditiveMechanism(ContinuousMechanism):
         def check(chunk: FloatArray) -> None:
             _check_labels(chunk, self.lo, self.hi, self.discrete)
 
-        return _sample_chunks(labels, draw, check, rng, chunk_size)
+        return _sample_checked(labels, draw, check, rng, chunk_size)
 
     # -- analysis -----------------------------------------------------------
 
@@ -792,7 +788,7 @@ class ExponentialMechanism(ContinuousMechanism):
         def check(chunk: FloatArray) -> None:
             _check_labels(chunk, lo, hi, False)
 
-        return _sample_chunks(labels, draw, check, rng, chunk_size)
+        return _sample_checked(labels, draw, check, rng, chunk_size)
 
     def _moments(self, v: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
         _check_labels(v, self.lo, self.hi, False, what="values")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, get_args
@@ -41,6 +41,30 @@ DEFAULT_CHUNK = 1 << 17
 
 class MechanismError(ValueError):
     """A mechanism was asked for something its parameters do not allow."""
+
+
+def map_chunks(
+    labels: FloatArray,
+    draw: Callable[[FloatArray, np.random.Generator], NDArray[Any]],
+    *,
+    rng: np.random.Generator | None,
+    chunk_size: int,
+    dtype: type[np.generic] = np.float64,
+) -> NDArray[Any]:
+    """``draw(chunk, rng)`` over ``labels`` chunk by chunk, into one output array.
+
+    The one place where samplers get bounded working memory (a chunk at a time)
+    and their default generator from the OS (:func:`secure_generator`).
+    """
+    if chunk_size < 1:
+        raise MechanismError(f"chunk_size must be ≥ 1, got {chunk_size}")
+    rng = rng or secure_generator()
+    flat = np.asarray(labels, dtype=np.float64).ravel()
+    out = np.empty(flat.size, dtype=dtype)
+    for start in range(0, flat.size, chunk_size):
+        chunk = flat[start : start + chunk_size]
+        out[start : start + chunk.size] = draw(chunk, rng)
+    return out
 
 
 def secure_generator() -> np.random.Generator:
@@ -291,14 +315,13 @@ class FiniteMechanism(Mechanism):
         rng: np.random.Generator | None = None,
         chunk_size: int = DEFAULT_CHUNK,
     ) -> FloatArray:
-        rng = rng or secure_generator()
-        labels = np.asarray(labels, dtype=np.float64)
-        out = np.empty(labels.size, dtype=np.float64)
-        for start in range(0, labels.size, chunk_size):
-            chunk = labels[start : start + chunk_size]
-            cols = self.sample_indices(self.input_index(chunk), rng=rng, chunk_size=chunk_size)
-            out[start : start + chunk.size] = self.outputs[cols]
-        return out
+        def draw(chunk: FloatArray, g: np.random.Generator) -> FloatArray:
+            cols = self.sample_indices(self.input_index(chunk), rng=g, chunk_size=chunk_size)
+            values: FloatArray = self.outputs[cols]
+            return values
+
+        result: FloatArray = map_chunks(labels, draw, rng=rng, chunk_size=chunk_size)
+        return result
 
 
 class ContinuousMechanism(Mechanism):

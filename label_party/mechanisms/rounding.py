@@ -33,7 +33,7 @@ from label_party.mechanisms.base import (
     IntArray,
     Mechanism,
     MechanismError,
-    secure_generator,
+    map_chunks,
 )
 
 __all__ = [
@@ -95,17 +95,15 @@ def round_to_grid(
     ``E[grid[idx]] = label``; vectorized, in chunks of ``chunk_size`` labels.
     ``rng`` defaults to :func:`~label_party.mechanisms.base.secure_generator`.
     """
-    if chunk_size < 1:
-        raise MechanismError(f"chunk_size must be ≥ 1, got {chunk_size}")
     g = check_grid(grid)
-    rng = rng or secure_generator()
-    y = np.asarray(labels, dtype=np.float64).ravel()
-    out = np.empty(y.size, dtype=np.int64)
-    for start in range(0, y.size, chunk_size):
-        chunk = y[start : start + chunk_size]
+
+    def draw(chunk: FloatArray, r: np.random.Generator) -> IntArray:
         j, p = rounding_probabilities(chunk, g)
         # u ∈ [0, 1): p = 0 never rounds up, p = 1 always does.
-        out[start : start + chunk.size] = j + (rng.random(chunk.size) < p)
+        up: IntArray = j + (r.random(chunk.size) < p)
+        return up
+
+    out: IntArray = map_chunks(labels, draw, rng=rng, chunk_size=chunk_size, dtype=np.int64)
     return out
 
 
@@ -123,15 +121,11 @@ class RoundingMechanism(FiniteMechanism):
         rng: np.random.Generator | None = None,
         chunk_size: int = DEFAULT_CHUNK,
     ) -> FloatArray:
-        if chunk_size < 1:
-            raise MechanismError(f"chunk_size must be ≥ 1, got {chunk_size}")
-        rng = rng or secure_generator()
-        y = np.asarray(labels, dtype=np.float64).ravel()
-        out = np.empty(y.size, dtype=np.float64)
-        for start in range(0, y.size, chunk_size):
-            chunk = y[start : start + chunk_size]
-            idx = round_to_grid(chunk, self.outputs, rng=rng, chunk_size=chunk_size)
-            out[start : start + chunk.size] = self.outputs[idx]
+        def draw(chunk: FloatArray, g: np.random.Generator) -> FloatArray:
+            rounded: FloatArray = self.outputs[round_to_grid(chunk, self.outputs, rng=g)]
+            return rounded
+
+        out: FloatArray = map_chunks(labels, draw, rng=rng, chunk_size=chunk_size)
         return out
 
 
