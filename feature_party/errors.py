@@ -12,19 +12,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from shared.errors import ServiceError
 
 
-class FeaturePartyError(Exception):
-    status_code = 500
-    code = "internal_error"
-
-    def __init__(self, message: str, *, detail: Any = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail = detail
-        if code is not None:
-            self.code = code
+class FeaturePartyError(ServiceError):
+    """Every domain error of the features party."""
 
 
 class NotFoundError(FeaturePartyError):

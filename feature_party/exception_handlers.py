@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feature_party.errors import FeaturePartyError
+from shared.errors import HTTP_CODES, error_response, validation_detail
 from shared.protocol import ErrorBody
 
 #: For ``responses=`` in route declarations (OpenAPI).
@@ -20,28 +21,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _body(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
-    content = ErrorBody(error=code, message=message, detail=detail).model_dump(mode="json")
-    return JSONResponse(status_code=status, content=content)
-
-
 def install(app: FastAPI) -> None:
     @app.exception_handler(FeaturePartyError)
     async def _domain(_: Request, exc: FeaturePartyError) -> JSONResponse:
-        return _body(exc.status_code, exc.code, exc.message, exc.detail)
+        return error_response(exc.status_code, exc.code, exc.message, exc.detail)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
-            for e in exc.errors()
-        ]
-        return _body(422, "invalid_input", "the request is invalid", detail)
+        return error_response(
+            422, "invalid_input", "the request is invalid", validation_detail(exc)
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
-        response = _body(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+        code = HTTP_CODES.get(exc.status_code, "http_error")
+        response = error_response(exc.status_code, code, str(exc.detail))
         if exc.headers:
             response.headers.update(exc.headers)
         return response

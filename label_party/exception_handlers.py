@@ -17,26 +17,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from label_party.exceptions import LabelPartyError
 from label_party.mechanisms.base import MechanismError
+from shared.errors import HTTP_CODES, error_response, validation_detail
 from shared.protocol import ErrorBody
 
 logger = logging.getLogger("label_party.errors")
 
-_HTTP_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    409: "conflict",
-    413: "payload_too_large",
-    422: "invalid_request",
-}
-
-
-def error_response(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
-    body = ErrorBody(error=code, message=message, detail=detail)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+_HTTP_CODES = {**HTTP_CODES, 422: "invalid_request"}
 
 
 def _domain(_request: Request, exc: Exception) -> JSONResponse:
@@ -50,11 +36,9 @@ def _mechanism(_request: Request, exc: Exception) -> JSONResponse:
 
 def _validation(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [
-        {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
-        for err in exc.errors()
-    ]
-    return error_response(422, "invalid_request", "the request is not valid", errors)
+    return error_response(
+        422, "invalid_request", "the request is not valid", validation_detail(exc)
+    )
 
 
 def _http(_request: Request, exc: Exception) -> JSONResponse:

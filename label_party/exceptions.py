@@ -23,18 +23,13 @@ else before raising them.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from shared.errors import ServiceError
 
 
-class LabelPartyError(Exception):
-    status_code: ClassVar[int] = 500
-    code: ClassVar[str] = "internal_error"
+class LabelPartyError(ServiceError):
     commit_session: ClassVar[bool] = False
-
-    def __init__(self, message: str, detail: Any = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail = detail
 
 
 class UnauthorizedError(LabelPartyError):

@@ -5,8 +5,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from label_party.db import Database, transaction
-from label_party.exception_handlers import error_response
 from label_party.observability import REGISTRY
+from shared.errors import error_response
 
 router = APIRouter(tags=["operations"])
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from label_party.exception_handlers import error_response
 from label_party.exceptions import PayloadTooLargeError
+from shared.errors import error_response
 
 
 class BodyLimitMiddleware:
