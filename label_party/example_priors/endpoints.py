@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
 from starlette.datastructures import UploadFile
@@ -12,35 +12,18 @@ from label_party.deps import PrincipalDep, SessionDep, SettingsDep, in_worker_th
 from label_party.example_priors import service
 from label_party.exception_handlers import responses
 from label_party.exceptions import InvalidRequestError
+from label_party.labels.endpoints import multipart_body
 from label_party.labels.validation import file_format
 from label_party.models import PriorSet
 from shared.protocol import PriorSetRead
 
 router = APIRouter(tags=["priors"])
 
-PRIORS_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": "groups: .csv, .parquet or .jsonl (example_id, "
-                            "group); probabilities: .parquet or .jsonl (example_id, prior "
-                            "list of K, or p_0 … p_{K-1})",
-                        },
-                        "kind": {"type": "string", "enum": list(service.KINDS)},
-                    },
-                }
-            }
-        },
-    }
-}
+PRIORS_BODY = multipart_body(
+    "groups: .csv, .parquet or .jsonl (example_id, group); probabilities: .parquet or "
+    ".jsonl (example_id, prior list of K, or p_0 … p_{K-1})",
+    {"kind": {"type": "string", "enum": list(service.KINDS)}},
+)
 
 
 def _read(prior: PriorSet, unmatched: int | None = None) -> PriorSetRead:

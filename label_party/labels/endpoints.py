@@ -15,26 +15,24 @@ from label_party.labels.validation import file_format
 
 router = APIRouter(tags=["labels"])
 
-MULTIPART_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": ".csv, .parquet or .jsonl",
-                        }
-                    },
-                }
-            }
-        },
+
+def multipart_body(file_description: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAPI for an upload endpoint that reads its multipart body itself
+    (:func:`read_upload`): a required ``file`` plus optional form fields."""
+    properties: dict[str, Any] = {
+        "file": {"type": "string", "format": "binary", "description": file_description},
+        **(extra or {}),
     }
-}
+    schema = {"type": "object", "required": ["file"], "properties": properties}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": schema}},
+        }
+    }
+
+
+MULTIPART_BODY = multipart_body(".csv, .parquet or .jsonl")
 
 
 class LabelsUploaded(BaseModel):
