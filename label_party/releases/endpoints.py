@@ -64,9 +64,7 @@ async def create_release(
 def list_releases(
     dataset_id: str, session: SessionDep, principal: PrincipalDep
 ) -> list[ReleaseRead]:
-    return [
-        service.to_read(session, r) for r in service.list_visible(session, principal, dataset_id)
-    ]
+    return service.list_visible(session, principal, dataset_id)
 
 
 @router.get(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from label_party.models import Release
+from label_party.models import LedgerEntry, Release
 
 
 def by_idempotency_key(session: Session, dataset_id: str, key: str) -> Release | None:
@@ -32,3 +32,11 @@ def list_for_dataset(
     if created_by is not None:
         query = query.where(Release.created_by == created_by)
     return list(session.scalars(query.order_by(Release.created_at, Release.id)))
+
+
+def ledger_entries(session: Session, releases: list[Release]) -> dict[str, LedgerEntry]:
+    """The ledger entries of ``releases`` by id, in one query."""
+    ids = [r.ledger_entry_id for r in releases]
+    if not ids:
+        return {}
+    return {e.id: e for e in session.scalars(select(LedgerEntry).where(LedgerEntry.id.in_(ids)))}

@@ -256,15 +256,18 @@ def get_visible(session: Session, principal: Principal, release_id: str) -> Rele
     return release
 
 
-def list_visible(session: Session, principal: Principal, dataset_id: str) -> list[Release]:
+def list_visible(session: Session, principal: Principal, dataset_id: str) -> list[ReleaseRead]:
+    """Manifests of a dataset's releases (a client's own only), in two queries."""
     require(principal, "admin", "client")
     dataset = visible_dataset(session, principal, dataset_id)
     own = principal.id if principal.role == "client" else None
-    return repository.list_for_dataset(session, dataset.id, created_by=own)
+    releases = repository.list_for_dataset(session, dataset.id, created_by=own)
+    entries = repository.ledger_entries(session, releases)
+    return [to_read(session, r, entries[r.ledger_entry_id]) for r in releases]
 
 
-def to_read(session: Session, release: Release) -> ReleaseRead:
-    entry = session.get(LedgerEntry, release.ledger_entry_id)
+def to_read(session: Session, release: Release, entry: LedgerEntry | None = None) -> ReleaseRead:
+    entry = entry or session.get(LedgerEntry, release.ledger_entry_id)
     assert entry is not None
     description: dict[str, Any] = release.mechanism
     return ReleaseRead(
