@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DATA   := .data/.fetched
 
 .PHONY: setup demo test lint bench clean
 
@@ -11,7 +12,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv with pinned dependencies (CPU torch)
+$(DATA): scripts/fetch-datasets
+	scripts/fetch-datasets
+	touch $(DATA)
+
+setup: $(STAMP) $(DATA)  ## create .venv with pinned dependencies (CPU torch) and fetch the datasets
 
 demo: setup  ## the end-to-end demo on the embedded default (report in ./labeldp-demo)
 	$(BIN)/labeldp demo

@@ -14,6 +14,8 @@ from feature_party.deps import require_admin
 from feature_party.feature_sets.endpoints import router as feature_sets_router
 from feature_party.jobs.endpoints import router as jobs_router
 from feature_party.models.endpoints import router as models_router
+from feature_party.multistage.endpoints import router as multistage_router
+from feature_party.multistage.service import Drivers
 from feature_party.received_labels.endpoints import router as received_labels_router
 
 
@@ -30,9 +32,11 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         if run_migrations:
             migrate(database.engine)
         app.state.database = database
+        app.state.multistage = Drivers(database, settings)
         try:
             yield
         finally:
+            app.state.multistage.stop_all()
             database.dispose()
 
     app = FastAPI(
@@ -45,7 +49,14 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.state.admin_token = admin_token
     exception_handlers.install(app)
     secured = [Depends(require_admin)]
-    for router in (feature_sets_router, received_labels_router, jobs_router, models_router):
+    routers = (
+        feature_sets_router,
+        received_labels_router,
+        jobs_router,
+        models_router,
+        multistage_router,
+    )
+    for router in routers:
         app.include_router(router, dependencies=secured)
 
     @app.get("/healthz", tags=["ops"])

@@ -57,6 +57,57 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
         p.set_defaults(handler=run_jobs_get if name == "get" else run_jobs_watch)
 
+    _register_multistage(sub)
+
+
+def _service_url(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        default=os.environ.get("LABELDP_FEATURE_PARTY_URL", "http://127.0.0.1:8002"),
+        help="features-party URL (env LABELDP_FEATURE_PARTY_URL)",
+    )
+
+
+def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ms = sub.add_parser(
+        "multistage",
+        help="LP-MST: multi-stage training with RRWithPrior across both parties",
+        description="Runs rr-with-prior-lp-mst.txt Algorithm 3 through the features-party "
+        "service (which needs a worker). The labels-party client token comes from "
+        "LABELDP_LABELS_PARTY_TOKEN, never from the command line.",
+    )
+    ms_sub = ms.add_subparsers(dest="multistage_command", required=True, metavar="ACTION")
+    start = ms_sub.add_parser("start", help="start a run and follow it until it ends")
+    start.add_argument("--feature-set", required=True, help="feature set id")
+    start.add_argument("--labels-party-url", required=True)
+    start.add_argument("--dataset", required=True, help="dataset id at the labels party")
+    start.add_argument("--epsilon", type=float, required=True, help="ε per example")
+    start.add_argument("--stages", type=int, default=2, help="T (default 2: a 40/60 split)")
+    start.add_argument("--fractions", help="comma-separated shares per stage, e.g. 0.4,0.6")
+    start.add_argument("--seed", type=int, help="partition seed (default: random)")
+    start.add_argument("--temperature", type=float, default=1.0, help="prior softmax temperature")
+    start.add_argument(
+        "--no-filter", action="store_true", help="keep earlier labels outside the top-k*"
+    )
+    start.add_argument(
+        "--training",
+        default="{}",
+        help="training configuration: a JSON object or a path to one (task is classification)",
+    )
+    start.add_argument("--no-watch", action="store_true", help="print the run and exit")
+    _service_url(start)
+    start.set_defaults(handler=run_multistage_start)
+    for name, help_, handler in (
+        ("get", "print a run as JSON", "get"),
+        ("watch", "follow a run until it ends", "watch"),
+        ("resume", "resume an interrupted or failed run (token from the environment)", "resume"),
+    ):
+        p = ms_sub.add_parser(name, help=help_)
+        p.add_argument("run_id")
+        _service_url(p)
+        p.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+        p.set_defaults(handler=run_multistage, multistage_action=handler)
+
 
 def _token() -> str:
     settings = get_settings()
@@ -114,19 +165,29 @@ def _single_sqlite_worker(data_dir: Path) -> Iterator[None]:
         yield
 
 
-def _get_job(url: str, job_id: str) -> dict[str, Any]:
+def _call(method: str, url: str, path: str, body: Any = None) -> dict[str, Any]:
+    """One request to the features party; its error as a :class:`CommandError`."""
     try:
-        response = httpx.get(
-            f"{url.rstrip('/')}/v1/jobs/{job_id}",
+        response = httpx.request(
+            method,
+            f"{url.rstrip('/')}{path}",
+            json=body,
             headers={"Authorization": f"Bearer {_token()}"},
-            timeout=30,
+            timeout=60,
         )
     except httpx.TransportError as exc:
         raise CommandError(f"cannot reach {url}: {exc}") from None
-    body: dict[str, Any] = response.json()
-    if response.status_code != 200:
-        raise CommandError(f"{body.get('error')}: {body.get('message')}")
-    return body
+    try:
+        data: dict[str, Any] = response.json()
+    except ValueError:
+        raise CommandError(f"{url} answered {response.status_code} without JSON") from None
+    if response.status_code >= 400:
+        raise CommandError(f"{data.get('error')}: {data.get('message')}")
+    return data
+
+
+def _get_job(url: str, job_id: str) -> dict[str, Any]:
+    return _call("GET", url, f"/v1/jobs/{job_id}")
 
 
 def run_jobs_get(args: argparse.Namespace) -> int:
@@ -174,6 +235,103 @@ def run_jobs_watch(args: argparse.Namespace) -> int:
                 print(f"model {job['model_id']}")
             return 0 if job["status"] == "succeeded" else 1
         time.sleep(args.interval)
+
+
+def _labels_party_token() -> str:
+    token = os.environ.get("LABELDP_LABELS_PARTY_TOKEN", "")
+    if not token:
+        raise CommandError("set LABELDP_LABELS_PARTY_TOKEN to your labels-party client token")
+    return token
+
+
+def _json_arg(text: str, what: str) -> dict[str, Any]:
+    try:
+        source = text if text.lstrip().startswith("{") else Path(text).read_text()
+        value = json.loads(source)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"{what}: not a JSON object nor a readable JSON file: {exc}") from None
+    if not isinstance(value, dict):
+        raise CommandError(f"{what} must be a JSON object")
+    return value
+
+
+def run_multistage_start(args: argparse.Namespace) -> int:
+    training = {"task": "classification", "loss": "cross-entropy"}
+    training.update(_json_arg(args.training, "--training"))
+    body: dict[str, Any] = {
+        "feature_set_id": args.feature_set,
+        "labels_party_url": args.labels_party_url,
+        "token": _labels_party_token(),
+        "dataset_id": args.dataset,
+        "epsilon": args.epsilon,
+        "stages": args.stages,
+        "temperature": args.temperature,
+        "filter_top_k": not args.no_filter,
+        "training": training,
+    }
+    if args.fractions:
+        try:
+            body["fractions"] = [float(f) for f in args.fractions.split(",")]
+        except ValueError:
+            raise CommandError("--fractions: comma-separated numbers, e.g. 0.4,0.6") from None
+    if args.seed is not None:
+        body["seed"] = args.seed
+    run = _call("POST", args.url, "/v1/multistage", body)
+    if args.no_watch:
+        print(json.dumps(run, indent=2))
+        return 0
+    print(f"run {run['id']} (partition seed {run['config']['seed']})", flush=True)
+    return _watch_run(args.url, run["id"], interval=2.0)
+
+
+def run_multistage(args: argparse.Namespace) -> int:
+    path = f"/v1/multistage/{args.run_id}"
+    if args.multistage_action == "get":
+        print(json.dumps(_call("GET", args.url, path), indent=2))
+        return 0
+    if args.multistage_action == "resume":
+        _call("POST", args.url, f"{path}/resume", {"token": _labels_party_token()})
+    return _watch_run(args.url, args.run_id, interval=args.interval)
+
+
+def stage_line(stage: dict[str, Any], stages: int) -> str:
+    """``stage 2/2 lpmst-2 (600 examples): release r1 · 1200 labels (30 filtered) · …``."""
+    parts = [f"stage {stage['stage']}/{stages} {stage['part']} ({stage['num_examples']} examples)"]
+    if stage.get("prior_set_id"):
+        parts.append(f"priors {stage['prior_set_id'][:8]}")
+    if stage.get("release_id"):
+        k = stage.get("mean_k_star")
+        parts.append(f"release {stage['release_id'][:8]}" + (f" (mean k* {k:.2f})" if k else ""))
+    if stage.get("num_training_labels") is not None:
+        parts.append(
+            f"{stage['num_training_labels']} labels ({stage.get('num_filtered') or 0} filtered)"
+        )
+    if stage.get("job_id") and not stage.get("model_id"):
+        job = {"status": stage.get("job_status") or "queued", "progress": stage.get("job_progress")}
+        parts.append(progress_line(job, width=20))
+    if stage.get("model_id"):
+        accuracy = (stage.get("metrics") or {}).get("validation_noisy_accuracy")
+        suffix = f" (noisy validation accuracy {accuracy:.3f})" if accuracy is not None else ""
+        parts.append(f"model {stage['model_id'][:8]}{suffix}")
+    return " · ".join(parts)
+
+
+def _watch_run(url: str, run_id: str, *, interval: float) -> int:
+    shown: dict[int, str] = {}
+    while True:
+        run = _call("GET", url, f"/v1/multistage/{run_id}")
+        for stage in run["stages"]:
+            line = stage_line(stage, run["config"]["stages"])
+            if shown.get(stage["stage"]) != line:
+                print(line, flush=True)
+                shown[stage["stage"]] = line
+        if run["status"] != "running":
+            if run["status"] == "succeeded":
+                print(f"succeeded: model {run['model_id']}")
+                return 0
+            print(f"{run['status']}: {run.get('error')}", file=sys.stderr)
+            return 1
+        time.sleep(interval)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
-from shared.protocol import PARQUET_MEDIA_TYPE, ReleaseCreate, ReleaseRead
+from shared.protocol import PARQUET_MEDIA_TYPE, PriorSetRead, ReleaseCreate, ReleaseRead
 
 __all__ = [
     "BudgetExceededError",
@@ -156,18 +156,53 @@ class LabelsPartyClient:
     ) -> dict[str, Any]:
         """``POST /v1/datasets/{id}/labels`` (.csv, .parquet or .jsonl) → ``{"num_labels"}``."""
 
-        def files() -> dict[str, Any]:
-            if isinstance(file, Path):
-                return {"file": (file.name, file.read_bytes())}
-            return {"file": (filename, file)}
-
         return self._object(
-            "POST", f"/v1/datasets/{dataset_id}/labels", files_factory=files, idempotent=False
+            "POST",
+            f"/v1/datasets/{dataset_id}/labels",
+            files_factory=_upload(file, filename),
+            idempotent=False,
         )
 
     def get_budget(self, dataset_id: str) -> dict[str, Any]:
         """``GET /v1/datasets/{id}/budget``: spent and remaining ε (and δ), per part."""
         return self._object("GET", f"/v1/datasets/{dataset_id}/budget")
+
+    # -- partition plans and prior sets (label-independent inputs) ----------------
+
+    def register_partition_plan(
+        self, dataset_id: str, file: Path | bytes, *, filename: str = "parts.parquet"
+    ) -> dict[str, Any]:
+        """``POST /v1/datasets/{id}/partitions`` (``example_id, part``) → ``{"id",
+        "parts": {part: size}}``. One plan per dataset; 409 after the first."""
+        return self._object(
+            "POST",
+            f"/v1/datasets/{dataset_id}/partitions",
+            files_factory=_upload(file, filename),
+            idempotent=False,
+        )
+
+    def get_partition_plan(self, dataset_id: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/datasets/{dataset_id}/partitions")
+
+    def upload_priors(
+        self,
+        dataset_id: str,
+        file: Path | bytes,
+        *,
+        kind: str,
+        filename: str = "priors.parquet",
+    ) -> PriorSetRead:
+        """``POST /v1/datasets/{id}/priors``: ``kind`` ``groups`` (``example_id,
+        group``) or ``probabilities`` (``example_id`` and a ``prior`` list of K, or
+        ``p_0`` … ``p_{K−1}``) → the prior set; its ``id`` is a release's ``prior_id``."""
+        data = self._json(
+            "POST",
+            f"/v1/datasets/{dataset_id}/priors",
+            files_factory=_upload(file, filename),
+            params={"kind": kind},
+            idempotent=False,
+        )
+        return PriorSetRead.model_validate(data)
 
     # -- releases -----------------------------------------------------------------
 
@@ -351,3 +386,14 @@ class LabelsPartyClient:
 
 class _ServerError(Exception):
     """A 5xx answer (internal: retried, then reported as unavailable)."""
+
+
+def _upload(file: Path | bytes, filename: str) -> Callable[[], dict[str, Any]]:
+    """A multipart ``file`` field, rebuilt for each attempt (a file is read then)."""
+
+    def files() -> dict[str, Any]:
+        if isinstance(file, Path):
+            return {"file": (file.name, file.read_bytes())}
+        return {"file": (filename, file)}
+
+    return files

@@ -82,3 +82,23 @@ class Model(Base):
     loss: Mapped[str] = mapped_column(String(64))
     metrics: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class MultistageRun(Base):
+    """One LP-MST run (``feature_party.multistage``): its public configuration and
+    the state of each stage, written after every step so a run can resume. The
+    labels-party token is never stored."""
+
+    __tablename__ = "multistage_runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    feature_set_id: Mapped[str] = mapped_column(ForeignKey("feature_sets.id"))
+    labels_party_url: Mapped[str] = mapped_column(String(500))
+    dataset_id: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]] = mapped_column()
+    state: Mapped[dict[str, Any]] = mapped_column()
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)

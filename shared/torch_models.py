@@ -1,5 +1,14 @@
 """The torch model zoo both parties can import (DESIGN.md §5).
 
+Two architectures, one calling convention — ``forward(numeric, categorical,
+mix=None)`` — so the training loop, the artifact and prediction do not care
+which one they hold:
+
+* :class:`TabularMLP` for tabular features (below);
+* :class:`ImageCNN`, the small CNN of ``labeldp-pro.txt`` Table 10a for 28×28
+  grey images (the LP-MST and LabelDP-Pro image experiments), reading its pixels
+  from the numeric columns.
+
 :class:`TabularMLP` is the model of the papers' appendices (Appendix E of
 ``rr-on-bins-regression.txt``): one embedding per categorical column (index 0 of
 each column is its out-of-vocabulary bucket), standardized numeric columns
@@ -26,7 +35,14 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-__all__ = ["TabularMLP", "TabularMLPConfig"]
+__all__ = [
+    "ImageCNN",
+    "ImageCNNConfig",
+    "TabularMLP",
+    "TabularMLPConfig",
+    "build_model",
+    "model_config_from_dict",
+]
 
 
 @dataclass(frozen=True)
@@ -130,3 +146,94 @@ class TabularMLP(nn.Module):
             perm, lam = mix
             dense = lam * dense + (1.0 - lam) * dense[perm]
         return self.head(dense)
+
+
+@dataclass(frozen=True)
+class ImageCNNConfig:
+    """Shape of an :class:`ImageCNN`. The defaults are ``labeldp-pro.txt`` Table 10a
+    (MNIST, Fashion-MNIST, KMNIST): two 3×3 convolutions with 16 channels, each
+    followed by ReLU and 2×2 average pooling, then a 16-unit ReLU layer."""
+
+    channels: int = 1
+    height: int = 28
+    width: int = 28
+    conv: tuple[int, ...] = (16, 16)
+    hidden: int = 16
+    outputs: int = 10
+
+    architecture = "cnn"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["conv"] = list(self.conv)
+        d["architecture"] = self.architecture
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ImageCNNConfig:
+        return cls(
+            channels=int(d["channels"]),
+            height=int(d["height"]),
+            width=int(d["width"]),
+            conv=tuple(int(c) for c in d["conv"]),
+            hidden=int(d["hidden"]),
+            outputs=int(d["outputs"]),
+        )
+
+
+class ImageCNN(nn.Module):
+    """Conv → ReLU → AvgPool blocks, then two fully connected layers.
+
+    Takes the same ``(numeric, categorical, mix)`` arguments as :class:`TabularMLP`:
+    ``numeric`` holds the ``channels·height·width`` pixels of each image row-major
+    (``categorical`` must have no columns). Mixup, when asked, mixes the input images.
+    """
+
+    #: The training loop checks these two to choose embedding updates.
+    embedding: None = None
+    sparse_gradients = False
+
+    def __init__(self, config: ImageCNNConfig) -> None:
+        super().__init__()
+        self.config = config
+        layers: list[nn.Module] = []
+        channels, height, width = config.channels, config.height, config.width
+        for out_channels in config.conv:
+            layers += [nn.Conv2d(channels, out_channels, 3), nn.ReLU(), nn.AvgPool2d(2, 2)]
+            channels, height, width = out_channels, (height - 2) // 2, (width - 2) // 2
+            if height < 1 or width < 1:
+                raise ValueError("the image is too small for that many convolutions")
+        self.body = nn.Sequential(*layers, nn.Flatten())
+        self.fc = nn.Sequential(nn.Linear(channels * height * width, config.hidden), nn.ReLU())
+        self.out = nn.Linear(config.hidden, config.outputs)
+
+    def forward(
+        self,
+        numeric: torch.Tensor,
+        categorical: torch.Tensor,
+        mix: tuple[torch.Tensor, float] | None = None,
+    ) -> torch.Tensor:
+        c = self.config
+        images = numeric.view(-1, c.channels, c.height, c.width)
+        if mix is not None:
+            perm, lam = mix
+            images = lam * images + (1.0 - lam) * images[perm]
+        out: torch.Tensor = self.out(self.fc(self.body(images)))
+        return out
+
+
+ModelConfig = TabularMLPConfig | ImageCNNConfig
+
+
+def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """The config a ``to_dict`` wrote (no ``architecture`` key: a tabular MLP)."""
+    if d.get("architecture") == "cnn":
+        return ImageCNNConfig.from_dict(d)
+    return TabularMLPConfig.from_dict(d)
+
+
+def build_model(config: ModelConfig) -> TabularMLP | ImageCNN:
+    """The untrained model of ``config``."""
+    if isinstance(config, ImageCNNConfig):
+        return ImageCNN(config)
+    return TabularMLP(config)

@@ -13,6 +13,7 @@ from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.schemas import JobAccepted, JobCreate, JobRead
 from feature_party.jobs.status import Status
+from feature_party.models.repository import ModelRepository
 from feature_party.orm import Job
 from feature_party.received_labels.repository import ReceivedLabelsRepository
 from feature_party.training.dataset import count_join
@@ -39,6 +40,8 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
             },
         )
     config = body.training()
+    if config.init_model_id is not None:
+        ModelRepository(session).get(config.init_model_id)  # 404 for an unknown model
     if config.task == "classification":
         mechanism = labels.manifest.get("mechanism", {})
         if not (config.num_classes or mechanism.get("outputs") or mechanism.get("inputs")):

@@ -118,6 +118,7 @@ class Worker:
                 manifest=dict(labels.manifest),
                 checkpoint_path=str(job_dir / "checkpoint.pt"),
                 artifact_path=str(job_dir / f"model-{uuid.uuid4().hex}.pt"),
+                init_artifact_path=_init_artifact(session, data_dir, job.config),
             )
         return spec, job_dir
 
@@ -249,6 +250,17 @@ class Worker:
         else:
             artifact.unlink(missing_ok=True)
             log.warning("job %s finished but is no longer ours; result dropped", job_id)
+
+
+def _init_artifact(session: Any, data_dir: Path, config: dict[str, Any]) -> str | None:
+    """The artifact of the job's ``init_model_id`` (multi-stage training), if any."""
+    model_id = config.get("init_model_id")
+    if model_id is None:
+        return None
+    model = session.get(Model, model_id)
+    if model is None:
+        raise ValueError(f"init_model_id: no model {model_id!r}")
+    return str(data_dir / model.path)
 
 
 def _terminate(proc: Any) -> None:

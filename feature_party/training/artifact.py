@@ -19,17 +19,19 @@ import torch
 from feature_party.training.config import TrainingConfig
 from feature_party.training.data import Preprocessing
 from feature_party.training.losses import Loss, LossName, make_loss
-from shared.torch_models import TabularMLP, TabularMLPConfig
+from shared.torch_models import ImageCNN, TabularMLP, build_model, model_config_from_dict
 
 __all__ = ["ARTIFACT_FORMAT", "Predictor", "load_artifact", "save_artifact"]
 
-ARTIFACT_FORMAT = "labeldp-tabular-mlp/1"
+ARTIFACT_FORMAT = "labeldp-model/1"
+#: Formats this version still reads (the first one held only tabular MLPs).
+_READABLE = frozenset({ARTIFACT_FORMAT, "labeldp-tabular-mlp/1"})
 
 
 def save_artifact(
     path: Path,
     *,
-    model: TabularMLP,
+    model: TabularMLP | ImageCNN,
     preprocessing: Preprocessing,
     config: TrainingConfig,
     num_classes: int | None,
@@ -57,7 +59,7 @@ def save_artifact(
 
 @dataclass
 class Predictor:
-    model: TabularMLP
+    model: TabularMLP | ImageCNN
     preprocessing: Preprocessing
     loss: Loss
     task: str
@@ -74,12 +76,32 @@ class Predictor:
         dtype = np.int64 if self.loss.classification else np.float64
         return np.concatenate(out).astype(dtype) if out else np.zeros(0, dtype=dtype)
 
+    def probabilities(
+        self, table: pa.Table, *, temperature: float = 1.0, batch_size: int = 65536
+    ) -> np.ndarray:
+        """Class probabilities ``softmax(logits / temperature)``, float64 ``[n, K]``
+        (classification models only). A temperature above 1 flattens the model's
+        over-confident outputs before they serve as priors (``rr-with-prior-lp-mst.txt``
+        supplement B)."""
+        if not self.loss.classification:
+            raise ValueError("class probabilities need a classification model")
+        if not temperature > 0:
+            raise ValueError("temperature must be positive")
+        tensors = self.preprocessing.transform(table)
+        out = [np.zeros((0, self.loss.outputs))]
+        with torch.no_grad():
+            for start in range(0, len(tensors), batch_size):
+                sl = slice(start, start + batch_size)
+                raw = self.model(tensors.numeric[sl], tensors.categorical[sl]).double()
+                out.append(torch.softmax(raw / temperature, dim=1).numpy())
+        return np.concatenate(out)
+
 
 def load_artifact(path: Path) -> Predictor:
     blob = torch.load(path, map_location="cpu", weights_only=True)
-    if blob.get("format") != ARTIFACT_FORMAT:
+    if blob.get("format") not in _READABLE:
         raise ValueError(f"unknown model artifact format {blob.get('format')!r}")
-    model = TabularMLP(TabularMLPConfig.from_dict(blob["model"]))
+    model = build_model(model_config_from_dict(blob["model"]))
     model.load_state_dict(blob["state_dict"])
     model.eval()
     num_classes = blob["num_classes"]

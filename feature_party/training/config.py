@@ -30,6 +30,22 @@ class TrainingConfig(BaseModel):
     momentum: float = Field(default=0.9, ge=0, lt=1, description="SGD only")
     weight_decay: float = Field(default=1e-4, ge=0)
     schedule: Literal["cosine", "constant"] = "cosine"
+    architecture: Literal["mlp", "cnn"] = Field(
+        default="mlp",
+        description="'mlp': embeddings + fully connected layers; 'cnn': the small CNN of "
+        "labeldp-pro.txt Table 10a over images stored row-major in the numeric columns",
+    )
+    image_shape: list[int] = Field(
+        default_factory=lambda: [1, 28, 28],
+        min_length=3,
+        max_length=3,
+        description="cnn only: channels, height, width",
+    )
+    init_model_id: str | None = Field(
+        default=None,
+        description="start from this model's weights and preprocessing (multi-stage "
+        "training); its architecture and outputs must match",
+    )
     embedding_dim: int = Field(default=8, ge=1, le=1024)
     hidden: list[int] = Field(default_factory=lambda: [128, 64], max_length=16)
     dropout: float = Field(default=0.0, ge=0, lt=1)
@@ -60,6 +76,8 @@ class TrainingConfig(BaseModel):
             raise ValueError("mixup is for classification")
         if isinstance(self.device, int) and self.device < 1:
             raise ValueError("device: the number of GPUs must be at least 1")
+        if any(d < 1 for d in self.image_shape):
+            raise ValueError("image_shape: channels, height and width must be positive")
         if any(h < 1 for h in self.hidden):
             raise ValueError("hidden layer widths must be positive")
         return self

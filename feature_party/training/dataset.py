@@ -52,9 +52,11 @@ def load_training_data(
     roles: ColumnRoles,
     config: TrainingConfig,
     manifest: dict[str, Any],
+    preprocessing: Preprocessing | None = None,
 ) -> TrainingData:
-    """Join, split, fit preprocessing on the training rows and build the loss.
-    Raises ``ValueError`` with a user-facing message on unusable data."""
+    """Join, split, fit preprocessing on the training rows (or reuse
+    ``preprocessing``, an earlier model's, so its weights still fit) and build the
+    loss. Raises ``ValueError`` with a user-facing message on unusable data."""
     columns = ["example_id", *roles.numeric, *roles.categorical]
     features = pq.read_table(features_path, columns=columns)
     joined = join_features_labels(features, pq.read_table(labels_path))
@@ -93,9 +95,12 @@ def load_training_data(
     val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
     train_table = joined.take(pa.array(train_idx))
     val_table = joined.take(pa.array(val_idx))
-    preprocessing = fit_preprocessing(
-        train_table, roles, max_vocab=config.max_vocab, min_count=config.min_count
-    )
+    if preprocessing is None:
+        preprocessing = fit_preprocessing(
+            train_table, roles, max_vocab=config.max_vocab, min_count=config.min_count
+        )
+    elif preprocessing.roles != roles:
+        raise ValueError("init_model_id: the model was trained on other feature columns")
     return TrainingData(
         train=preprocessing.transform(train_table),
         train_targets=torch.from_numpy(targets[train_idx].astype(np.float32)),

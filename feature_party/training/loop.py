@@ -38,7 +38,7 @@ from feature_party.training.config import TrainingConfig
 from feature_party.training.data import Tensors
 from feature_party.training.dataset import TrainingData
 from feature_party.training.optim import build_optimizers
-from shared.torch_models import TabularMLP, TabularMLPConfig
+from shared.torch_models import ImageCNN, ImageCNNConfig, TabularMLP, TabularMLPConfig
 
 __all__ = [
     "Interrupted",
@@ -82,7 +82,7 @@ EmbeddingUpdates = Literal["auto", "lazy", "dense"]
 
 @dataclass
 class TrainResult:
-    model: TabularMLP
+    model: TabularMLP | ImageCNN
     metrics: dict[str, Any]
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -104,7 +104,23 @@ def resolve_device(config: TrainingConfig, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def build_model(data: TrainingData, config: TrainingConfig) -> TabularMLP:
+def _image_model(data: TrainingData, config: TrainingConfig) -> ImageCNN:
+    pre = data.preprocessing
+    channels, height, width = config.image_shape
+    if pre.categorical or len(pre.numeric) != channels * height * width:
+        raise ValueError(
+            f"the cnn reads {channels}×{height}×{width} = {channels * height * width} numeric "
+            f"pixel columns and no categorical ones; the feature set gives "
+            f"{len(pre.numeric)} numeric and {len(pre.categorical)} categorical"
+        )
+    return ImageCNN(
+        ImageCNNConfig(channels=channels, height=height, width=width, outputs=data.loss.outputs)
+    )
+
+
+def build_model(data: TrainingData, config: TrainingConfig) -> TabularMLP | ImageCNN:
+    if config.architecture == "cnn":
+        return _image_model(data, config)
     pre = data.preprocessing
     model = TabularMLP(
         TabularMLPConfig(
@@ -171,16 +187,23 @@ def train(
     wrap: Callable[[nn.Module], nn.Module] | None = None,
     report_every_seconds: float = 1.0,
     embedding_updates: EmbeddingUpdates = "auto",
+    init_state: dict[str, torch.Tensor] | None = None,
 ) -> TrainResult:
     """Train and return the best model on the noisy validation loss (the last one
     without a validation split). ``wrap`` wraps the model (DDP); ``report`` is
     called about every ``report_every_seconds`` and after each epoch, and may
     raise :class:`Interrupted`. ``embedding_updates``: ``lazy`` (sparse gradients,
     touched rows only), ``dense``, or ``auto`` (lazy unless ``wrap`` is given; a
-    resumed run keeps its checkpoint's choice)."""
+    resumed run keeps its checkpoint's choice). ``init_state`` (an earlier model's
+    weights, same architecture) replaces the random initialization."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)  # the same initial weights on every rank and run
         model = build_model(data, config).to(device)
+    if init_state is not None:
+        try:
+            model.load_state_dict(init_state)
+        except RuntimeError as exc:
+            raise ValueError(f"init_model_id: the model does not fit this job: {exc}") from None
     ckpt: dict[str, Any] | None = None
     if checkpoint_path is not None and checkpoint_path.exists():
         ckpt = torch.load(checkpoint_path, map_location=device, weights_only=True)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from feature_party.training.artifact import save_artifact
+from feature_party.training.artifact import load_artifact, save_artifact
 from feature_party.training.config import TrainingConfig
 from feature_party.training.data import ColumnRoles
 from feature_party.training.dataset import load_training_data
@@ -29,6 +29,8 @@ class RunSpec:
     manifest: dict[str, Any]
     checkpoint_path: str
     artifact_path: str
+    #: The artifact of ``config.init_model_id`` (multi-stage training), resolved by the worker.
+    init_artifact_path: str | None = None
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -54,12 +56,14 @@ def execute(
     """Load data, train (resuming from the checkpoint if there is one), and on rank
     0 write the artifact. Returns the run's metrics."""
     config = spec.training
+    init = load_artifact(Path(spec.init_artifact_path)) if spec.init_artifact_path else None
     data = load_training_data(
         features_path=Path(spec.features_path),
         labels_path=Path(spec.labels_path),
         roles=ColumnRoles(tuple(spec.roles["numeric"]), tuple(spec.roles["categorical"])),
         config=config,
         manifest=spec.manifest,
+        preprocessing=init.preprocessing if init else None,
     )
     result = train(
         data,
@@ -70,6 +74,7 @@ def execute(
         rank=rank,
         world_size=world_size,
         wrap=wrap,
+        init_state=init.model.state_dict() if init else None,
     )
     if rank == 0:
         save_artifact(

@@ -1,0 +1,154 @@
+"""Start, read and resume LP-MST runs; the registry of their driver threads."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from feature_party.config import Settings
+from feature_party.db import Database
+from feature_party.errors import ConflictError, not_found
+from feature_party.feature_sets.repository import FeatureSetRepository
+from feature_party.jobs.repository import JobRepository
+from feature_party.multistage.driver import Driver
+from feature_party.multistage.schemas import (
+    MultistageCreate,
+    MultistageRead,
+    RunStatus,
+    StageRead,
+)
+from feature_party.orm import MultistageRun, utcnow
+
+#: A running run whose driver has not written for this long lost its service
+#: (killed without a clean stop): it reads as interrupted and may be resumed.
+STALE_AFTER = timedelta(minutes=2)
+
+
+class Drivers:
+    """The driver threads of this service process (``app.state.multistage``)."""
+
+    def __init__(self, database: Database, settings: Settings) -> None:
+        self.database = database
+        self.settings = settings
+        self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._lock = threading.Lock()
+
+    def launch(self, run_id: str, token: str) -> None:
+        with self._lock:
+            current = self._threads.get(run_id)
+            if current is not None and current[0].is_alive():
+                raise ConflictError(f"run {run_id} is already running here", code="run_active")
+            stop = threading.Event()
+            driver = Driver(self.database, self.settings, run_id, token, stop)
+            thread = threading.Thread(target=driver, name=f"lpmst-{run_id[:8]}", daemon=True)
+            self._threads[run_id] = (thread, stop)
+            thread.start()
+
+    def is_active(self, run_id: str) -> bool:
+        with self._lock:
+            current = self._threads.get(run_id)
+            return current is not None and current[0].is_alive()
+
+    def stop_all(self, timeout: float = 30.0) -> None:
+        """Stop every driver at its next step (runs become ``interrupted``)."""
+        with self._lock:
+            threads = list(self._threads.values())
+        for _, stop in threads:
+            stop.set()
+        for thread, _ in threads:
+            thread.join(timeout)
+
+
+def create(session: Session, body: MultistageCreate) -> MultistageRun:
+    FeatureSetRepository(session).get(body.feature_set_id)  # 404 before anything else
+    seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
+    now = utcnow()
+    run = MultistageRun(
+        id=uuid.uuid4().hex,
+        status=RunStatus.RUNNING,
+        feature_set_id=body.feature_set_id,
+        labels_party_url=body.labels_party_url,
+        dataset_id=body.dataset_id,
+        config=body.public_config(seed),
+        state={"stages": []},
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(run)
+    session.flush()
+    return run
+
+
+def _get(session: Session, run_id: str) -> MultistageRun:
+    run = session.get(MultistageRun, run_id)
+    if run is None:
+        raise not_found("multistage run", run_id)
+    return run
+
+
+def effective_status(run: MultistageRun, *, active: bool) -> RunStatus:
+    """``running`` rows whose driver is gone (service killed) read as interrupted."""
+    status = RunStatus(run.status)
+    if status == RunStatus.RUNNING and not active and utcnow() - run.updated_at > STALE_AFTER:
+        return RunStatus.INTERRUPTED
+    return status
+
+
+def prepare_resume(session: Session, run_id: str, *, active: bool) -> MultistageRun:
+    run = _get(session, run_id)
+    status = effective_status(run, active=active)
+    if status not in (RunStatus.INTERRUPTED, RunStatus.FAILED):
+        raise ConflictError(
+            f"run {run_id} is {status}; only interrupted or failed runs resume",
+            code="run_not_resumable",
+            detail={"status": status},
+        )
+    run.status, run.error, run.finished_at, run.updated_at = (
+        RunStatus.RUNNING,
+        None,
+        None,
+        utcnow(),
+    )
+    return run
+
+
+def get(session: Session, run_id: str, *, active: bool) -> MultistageRead:
+    return to_read(session, _get(session, run_id), active=active)
+
+
+def list_runs(session: Session, drivers: Drivers) -> list[MultistageRead]:
+    rows = session.scalars(select(MultistageRun).order_by(MultistageRun.created_at.desc()))
+    return [to_read(session, r, active=drivers.is_active(r.id)) for r in rows]
+
+
+def to_read(session: Session, run: MultistageRun, *, active: bool) -> MultistageRead:
+    stages = [_stage(session, s) for s in run.state.get("stages", [])]
+    return MultistageRead(
+        id=run.id,
+        status=effective_status(run, active=active),
+        feature_set_id=run.feature_set_id,
+        dataset_id=run.dataset_id,
+        labels_party_url=run.labels_party_url,
+        config=run.config,
+        partition_plan_id=run.state.get("partition_plan_id"),
+        stages=stages,
+        model_id=run.state.get("model_id"),
+        error=run.error,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        finished_at=run.finished_at,
+    )
+
+
+def _stage(session: Session, state: dict[str, Any]) -> StageRead:
+    stage = StageRead.model_validate(state)
+    if stage.job_id is not None:
+        job = JobRepository(session).get(stage.job_id)
+        stage.job_status, stage.job_progress = job.status, job.progress
+    return stage

@@ -1,0 +1,182 @@
+"""LP-MST end to end: the real labels party, the real features party and a worker
+as processes, on SQLite and on Postgres.
+
+The advertiser holds the labels of a 3-class problem; the publisher holds the
+features and drives the multi-stage run (``POST /v1/multistage`` and
+``labeldp feature-party multistage start``). What must hold:
+
+* every stage's release touches its own part only, so each part is charged ε
+  once — the whole run spends ε per example, not T·ε — and the budget endpoint
+  shows it per part;
+* a further release on a part a stage used is refused (409) with nothing spent;
+* stage t ≥ 2 uses per-example priors from the previous stage's model
+  (``rr-with-prior`` with ``prior_source: example``) and trains from its weights;
+* the final model predicts at the features party.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from feature_party.client import BudgetExceededError, LabelsPartyClient
+from tests.e2e.conftest import Services
+
+pytestmark = pytest.mark.slow
+
+N, K = 900, 3
+TRAINING = {"task": "classification", "loss": "cross-entropy", "epochs": 4,
+            "batch_size": 128, "learning_rate": 0.01, "hidden": [32], "seed": 0}  # fmt: skip
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+def _ok(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, f"{response.status_code}: {response.text}"
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _problem() -> tuple[pa.Table, pa.Table]:
+    """Features and labels of a linearly separable 3-class problem."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(N, 4))
+    labels = np.argmax(x @ rng.normal(size=(4, K)), axis=1)
+    ids = [f"ex-{i:04d}" for i in range(N)]
+    features = pa.table({"example_id": ids, **{f"x{j}": x[:, j] for j in range(4)}})
+    return features, pa.table({"example_id": ids, "label": labels})
+
+
+def _setup(services: Services, *, budget: float) -> tuple[str, str, str]:
+    """(dataset id, client token, feature set id)."""
+    features, labels = _problem()
+    with LabelsPartyClient(services.labels_url, services.labels_admin) as admin:
+        dataset = admin.create_dataset(
+            name="lpmst", task="classification", label_domain={"num_classes": K},
+            epsilon_budget=budget,
+        )  # fmt: skip
+        admin.upload_labels(dataset["id"], _parquet(labels))
+        client = admin.create_client(name="publisher", role="client")
+        admin.create_grant(dataset["id"], client_id=client["id"])
+    roles = '{"numeric": ["x0", "x1", "x2", "x3"], "categorical": []}'
+    feature_set = _ok(
+        services.features.post(
+            "/v1/feature-sets",
+            files={"file": ("features.parquet", _parquet(features))},
+            data={"schema": roles, "name": "lpmst"},
+        ),
+        201,
+    )
+    return dataset["id"], client["token"], feature_set["id"]
+
+
+def _parts_spent(services: Services, dataset_id: str) -> dict[str, Decimal]:
+    with LabelsPartyClient(services.labels_url, services.labels_admin) as admin:
+        budget = admin.get_budget(dataset_id)
+    return {p["name"]: Decimal(str(p["epsilon_spent"])) for p in budget["parts"]}
+
+
+def _wait(services: Services, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        run = _ok(services.features.get(f"/v1/multistage/{run_id}"), 200)
+        if run["status"] != "running":
+            assert run["status"] == "succeeded", (
+                f"{run['status']}: {run['error']}; logs in {services.logs}"
+            )
+            return run
+        time.sleep(0.3)
+    raise AssertionError(f"the run did not finish; logs in {services.logs}")
+
+
+def test_three_stages_charge_each_part_once(services: Services) -> None:
+    dataset_id, token, feature_set_id = _setup(services, budget=1.0)
+    body = {"feature_set_id": feature_set_id, "labels_party_url": services.labels_url,
+            "token": token, "dataset_id": dataset_id, "epsilon": 1.0, "stages": 3, "seed": 11,
+            "temperature": 2.0, "training": TRAINING}  # fmt: skip
+    started = _ok(services.features.post("/v1/multistage", json=body), 202)
+    assert "token" not in started["config"]
+    run = _wait(services, started["id"])
+
+    stages = run["stages"]
+    assert [s["part"] for s in stages] == ["lpmst-1", "lpmst-2", "lpmst-3"]
+    assert sum(s["num_examples"] for s in stages) == N
+    assert stages[0]["prior_set_id"] is None and all(s["prior_set_id"] for s in stages[1:])
+    assert len({s["release_id"] for s in stages}) == 3
+    # Each stage trains on everything received so far, minus the filtered labels.
+    for t, stage in enumerate(stages, start=1):
+        received = sum(s["num_examples"] for s in stages[:t])
+        assert stage["num_training_labels"] + stage["num_filtered"] == received
+    assert run["model_id"] == stages[-1]["model_id"]
+
+    # The ledger: every part spent exactly ε once; nothing outside the parts.
+    assert _parts_spent(services, dataset_id) == {f"lpmst-{t}": Decimal(1) for t in (1, 2, 3)}
+    with LabelsPartyClient(services.labels_url, token) as publisher:
+        release = publisher.get_release(stages[1]["release_id"])
+        assert release.mechanism.name == "rr-with-prior"
+        assert release.parts == ["lpmst-2"]
+        with pytest.raises(BudgetExceededError):  # a fourth stage on a used part
+            publisher.create_release(dataset_id, {"mechanism": {"name": "rr"}, "epsilon": 0.5,
+                                                  "parts": ["lpmst-1"]})  # fmt: skip
+    assert _parts_spent(services, dataset_id)["lpmst-1"] == Decimal(1)
+
+    # The final model predicts at the features party.
+    features, _ = _problem()
+    rows = features.slice(0, 5).to_pylist()
+    predicted = _ok(
+        services.features.post(f"/v1/models/{run['model_id']}/predict", json={"rows": rows}), 200
+    )
+    assert all(0 <= p < K for p in predicted["prediction"])
+
+    # A finished run does not resume.
+    refused = services.features.post(f"/v1/multistage/{run['id']}/resume", json={"token": token})
+    assert refused.status_code == 409 and refused.json()["error"] == "run_not_resumable"
+
+
+def test_two_stage_run_from_the_cli(services: Services) -> None:
+    dataset_id, token, feature_set_id = _setup(services, budget=1.0)
+    env = {**os.environ, "LABELDP_ADMIN_TOKEN": services.features_token,
+           "LABELDP_LABELS_PARTY_TOKEN": token}  # fmt: skip
+    command = [sys.executable, "-m", "labeldp", "feature-party", "multistage", "start",
+               "--url", services.features_url, "--feature-set", feature_set_id,
+               "--labels-party-url", services.labels_url, "--dataset", dataset_id,
+               "--epsilon", "1", "--seed", "5",
+               "--training", '{"epochs": 3, "batch_size": 128, "learning_rate": 0.01}']  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\nlogs in {services.logs}"
+    assert "stage 2/2 lpmst-2" in done.stdout
+    model = re.search(r"succeeded: model (\w+)", done.stdout)
+    assert model is not None, done.stdout
+    # Two stages at 40/60, each part charged ε = 1 once.
+    assert _parts_spent(services, dataset_id) == {"lpmst-1": Decimal(1), "lpmst-2": Decimal(1)}
+    run_id = re.search(r"run (\w+)", done.stdout)
+    assert run_id is not None
+    run = _ok(services.features.get(f"/v1/multistage/{run_id.group(1)}"), 200)
+    assert [s["num_examples"] for s in run["stages"]] == [round(0.4 * N), N - round(0.4 * N)]
+
+
+def test_cli_without_token_says_what_to_set(services: Services) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LABELDP_LABELS_PARTY_TOKEN"}
+    env["LABELDP_ADMIN_TOKEN"] = services.features_token
+    command = [sys.executable, "-m", "labeldp", "feature-party", "multistage", "start",
+               "--url", services.features_url, "--feature-set", "x", "--labels-party-url",
+               services.labels_url, "--dataset", "d", "--epsilon", "1"]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "LABELDP_LABELS_PARTY_TOKEN" in done.stderr
