@@ -113,10 +113,12 @@ class TabularMLP(nn.Module):
         self.body = nn.Sequential(*layers)
         self.out = nn.Linear(width, config.outputs)
 
-    def encode(self, numeric: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+    def encode(self, numeric: torch.Tensor, categorical: torch.Tensor | None) -> torch.Tensor:
         """The dense input row: numerics followed by the flattened embeddings."""
         if self.embedding is None:
             return numeric
+        if categorical is None:
+            raise ValueError("this model has categorical columns: pass their indices")
         flat = (categorical + self.offsets).flatten()
         if self.sparse_gradients:
             # Backward is just (indices, values): no table-sized scatter.
@@ -136,11 +138,13 @@ class TabularMLP(nn.Module):
     def forward(
         self,
         numeric: torch.Tensor,
-        categorical: torch.Tensor,
+        categorical: torch.Tensor | None = None,
         mix: tuple[torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
-        """Outputs; ``mix=(perm, lam)`` applies mixup to the dense representation,
-        ``lam·h + (1 − lam)·h[perm]`` (inside ``forward`` so DDP sees it)."""
+        """Outputs. ``categorical`` may be left out when the model has no categorical
+        columns (so ``model(x)`` works, as DP-SGD trainers call it). ``mix=(perm,
+        lam)`` applies mixup to the dense representation, ``lam·h + (1 − lam)·h[perm]``
+        (inside ``forward`` so DDP sees it)."""
         dense = self.encode(numeric, categorical)
         if mix is not None:
             perm, lam = mix
@@ -186,7 +190,8 @@ class ImageCNN(nn.Module):
 
     Takes the same ``(numeric, categorical, mix)`` arguments as :class:`TabularMLP`:
     ``numeric`` holds the ``channels·height·width`` pixels of each image row-major
-    (``categorical`` must have no columns). Mixup, when asked, mixes the input images.
+    (``categorical``, if given, must have no columns, so ``model(pixels)`` works).
+    Mixup, when asked, mixes the input images.
     """
 
     #: The training loop checks these two to choose embedding updates.
@@ -210,7 +215,7 @@ class ImageCNN(nn.Module):
     def forward(
         self,
         numeric: torch.Tensor,
-        categorical: torch.Tensor,
+        categorical: torch.Tensor | None = None,
         mix: tuple[torch.Tensor, float] | None = None,
     ) -> torch.Tensor:
         c = self.config
