@@ -28,7 +28,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,12 @@ class Driver:
     run_id: str
     token: str
     stop: threading.Event
+    # Set when the run starts: its row (detached), public configuration, the
+    # labels-party client and the dataset's number of classes.
+    run: MultistageRun = field(init=False)
+    config: dict[str, Any] = field(init=False)
+    client: LabelsPartyClient = field(init=False)
+    num_classes: int = field(init=False)
 
     # -- the run ----------------------------------------------------------------------
 
@@ -89,49 +95,40 @@ class Driver:
             self._finish(RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
 
     def _run(self) -> None:
-        run = self._load()
-        config, state = dict(run.config), dict(run.state)
-        client = received.make_client(self.settings, run.labels_party_url, self.token)
-        with client:
-            num_classes = _num_classes(client, run.dataset_id)
+        self.run = self._load()
+        self.config, state = dict(self.run.config), dict(self.run.state)
+        self.client = received.make_client(self.settings, self.run.labels_party_url, self.token)
+        with self.client:
+            self.num_classes = _num_classes(self.client, self.run.dataset_id)
             if state.get("partition_plan_id") is None:
-                state = self._partition(client, run, config)
-            for t in range(1, int(config["stages"]) + 1):
-                state = self._stage(client, run, config, state, t, num_classes)
+                state = self._partition()
+            for t in range(1, int(self.config["stages"]) + 1):
+                self._stage(state, t)
         last = state["stages"][-1]
         self._save(state, status=RunStatus.SUCCEEDED, finished=True, model_id=last["model_id"])
         log.info("multistage run %s succeeded: model %s", self.run_id, last["model_id"])
 
-    def _stage(
-        self,
-        client: LabelsPartyClient,
-        run: MultistageRun,
-        config: dict[str, Any],
-        state: dict[str, Any],
-        t: int,
-        num_classes: int,
-    ) -> dict[str, Any]:
-        stage = state["stages"][t - 1]
-        steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-            ("prior_set_id", lambda: self._priors(client, run, config, state, t)),
-            ("received_labels_id", lambda: self._release(run, config, state, t)),
-            ("training_labels_id", lambda: self._training_labels(run, config, state, t)),
-            ("model_id", lambda: self._train(run, config, state, t, num_classes)),
+    def _stage(self, state: dict[str, Any], t: int) -> None:
+        """Stage t's steps that have not run yet, each saved before the next."""
+        steps: list[tuple[str, Callable[[dict[str, Any], int], dict[str, Any]]]] = [
+            ("prior_set_id", self._priors),
+            ("received_labels_id", self._release),
+            ("training_labels_id", self._training_labels),
+            ("model_id", self._train),
         ]
+        stage = state["stages"][t - 1]
         for key, step in steps:
             if stage.get(key) is None and not (key == "prior_set_id" and t == 1):
                 self._check_stop()
-                stage.update(step())
+                stage.update(step(state, t))
                 self._save(state)
-        return state
 
     # -- steps ------------------------------------------------------------------------
 
-    def _partition(
-        self, client: LabelsPartyClient, run: MultistageRun, config: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _partition(self) -> dict[str, Any]:
+        config = self.config
         ids, parts = assign_parts(
-            self._feature_ids(run),
+            self._feature_ids(),
             config["fractions"],
             seed=int(config["seed"]),
             prefix=config["part_prefix"],
@@ -140,7 +137,9 @@ class Driver:
         path = self._run_dir() / "parts.parquet"
         pq.write_table(table, path)
         sizes = dict(zip(*np.unique(parts, return_counts=True), strict=True))
-        plan = _register_plan(client, run.dataset_id, path, {k: int(v) for k, v in sizes.items()})
+        plan = _register_plan(
+            self.client, self.run.dataset_id, path, {k: int(v) for k, v in sizes.items()}
+        )
         stages = [
             {
                 "stage": t,
@@ -153,17 +152,10 @@ class Driver:
         self._save(state)
         return state
 
-    def _priors(
-        self,
-        client: LabelsPartyClient,
-        run: MultistageRun,
-        config: dict[str, Any],
-        state: dict[str, Any],
-        t: int,
-    ) -> dict[str, Any]:
+    def _priors(self, state: dict[str, Any], t: int) -> dict[str, Any]:
         previous = self._predictor(state["stages"][t - 2]["model_id"])
         ids = self._part_ids(state["stages"][t - 1]["part"])
-        probs = previous.probabilities(self._features(run, ids), temperature=config["temperature"])
+        probs = previous.probabilities(self._features(ids), temperature=self.config["temperature"])
         body = _parquet(
             {
                 "example_id": pa.array(ids, pa.string()),
@@ -171,15 +163,13 @@ class Driver:
             }
         )
         try:
-            prior = client.upload_priors(run.dataset_id, body, kind="probabilities")
+            prior = self.client.upload_priors(self.run.dataset_id, body, kind="probabilities")
         except LabelsPartyError as exc:
             raise RunFailedError(f"stage {t}: uploading the priors failed: {exc}") from None
         return {"prior_set_id": prior.id}
 
-    def _release(
-        self, run: MultistageRun, config: dict[str, Any], state: dict[str, Any], t: int
-    ) -> dict[str, Any]:
-        stage = state["stages"][t - 1]
+    def _release(self, state: dict[str, Any], t: int) -> dict[str, Any]:
+        run, stage = self.run, state["stages"][t - 1]
         mechanism: dict[str, Any] = {"name": "rr"}
         if t > 1:
             mechanism = {
@@ -194,7 +184,7 @@ class Driver:
             dataset_id=run.dataset_id,
             release=ReleaseCreate(
                 mechanism=MechanismChoice(**mechanism),
-                epsilon=config["epsilon"],
+                epsilon=self.config["epsilon"],
                 parts=[stage["part"]],
                 idempotency_key=f"lpmst-{run.id}-{t}",
             ),
@@ -211,9 +201,7 @@ class Driver:
             mean_k = sum(int(k) * c for k, c in counts.items()) / total if total else None
         return {"release_id": got.release_id, "received_labels_id": got.id, "mean_k_star": mean_k}
 
-    def _training_labels(
-        self, run: MultistageRun, config: dict[str, Any], state: dict[str, Any], t: int
-    ) -> dict[str, Any]:
+    def _training_labels(self, state: dict[str, Any], t: int) -> dict[str, Any]:
         stages = state["stages"][:t]
         if t == 1:
             row = self._received(stages[0]["received_labels_id"])
@@ -225,42 +213,28 @@ class Driver:
         tables = [self._received_table(s["received_labels_id"]) for s in stages]
         earlier = pa.concat_tables(tables[:-1])
         filtered = 0
-        if config["filter_top_k"]:
-            earlier, filtered = self._filter(run, config, state, t, earlier)
+        if self.config["filter_top_k"]:
+            earlier, filtered = self._filter(state, t, earlier)
         labels = pa.concat_tables([earlier, tables[-1]])
-        row = self._store_labels(run, config, state, t, labels)
+        row = self._store_labels(state, t, labels)
         return {
             "training_labels_id": row.id,
             "num_training_labels": row.num_labels,
             "num_filtered": filtered,
         }
 
-    def _filter(
-        self,
-        run: MultistageRun,
-        config: dict[str, Any],
-        state: dict[str, Any],
-        t: int,
-        earlier: pa.Table,
-    ) -> tuple[pa.Table, int]:
+    def _filter(self, state: dict[str, Any], t: int, earlier: pa.Table) -> tuple[pa.Table, int]:
         """Drop the earlier stages' labels outside the top-k* of the model of stage
         t−1 (supplement, Appendix B)."""
         previous = self._predictor(state["stages"][t - 2]["model_id"])
         ids = pc.cast(earlier.column("example_id"), pa.string())
-        features = self._features(run, ids.to_pylist())
-        probs = previous.probabilities(features, temperature=config["temperature"])
+        features = self._features(ids.to_pylist())
+        probs = previous.probabilities(features, temperature=self.config["temperature"])
         labels = np.asarray(earlier.column("label").to_numpy(), dtype=np.int64)
-        keep = in_top_k(probs, labels, float(config["epsilon"]))
+        keep = in_top_k(probs, labels, float(self.config["epsilon"]))
         return earlier.filter(pa.array(keep)), int((~keep).sum())
 
-    def _store_labels(
-        self,
-        run: MultistageRun,
-        config: dict[str, Any],
-        state: dict[str, Any],
-        t: int,
-        labels: pa.Table,
-    ) -> ReceivedLabels:
+    def _store_labels(self, state: dict[str, Any], t: int, labels: pa.Table) -> ReceivedLabels:
         """The stage's training labels as a received-labels row of its own (a
         derived set: the union of the stages' releases, filtered)."""
         body = _parquet(
@@ -273,6 +247,7 @@ class Driver:
         relative = Path("received") / f"{sha}.parquet"
         (self.settings.data_dir / relative).parent.mkdir(parents=True, exist_ok=True)
         (self.settings.data_dir / relative).write_bytes(body)
+        run, epsilon = self.run, self.config["epsilon"]
         releases = [s["release_id"] for s in state["stages"][:t]]
         first = self._received(state["stages"][0]["received_labels_id"])
         outputs = first.manifest.get("mechanism", {}).get("outputs")
@@ -281,8 +256,8 @@ class Driver:
             "run_id": run.id,
             "stage": t,
             "releases": releases,
-            "epsilon": config["epsilon"],
-            "mechanism": {"name": "lp-mst", "epsilon": config["epsilon"], "outputs": outputs},
+            "epsilon": epsilon,
+            "mechanism": {"name": "lp-mst", "epsilon": epsilon, "outputs": outputs},
         }
         row = ReceivedLabels(
             id=uuid.uuid4().hex,
@@ -301,22 +276,15 @@ class Driver:
             session.add(row)
         return row
 
-    def _train(
-        self,
-        run: MultistageRun,
-        config: dict[str, Any],
-        state: dict[str, Any],
-        t: int,
-        num_classes: int,
-    ) -> dict[str, Any]:
-        stage = state["stages"][t - 1]
+    def _train(self, state: dict[str, Any], t: int) -> dict[str, Any]:
+        run, stage = self.run, state["stages"][t - 1]
         if stage.get("job_id") is None:
-            training = TrainingConfig.model_validate(config["training"])
+            training = TrainingConfig.model_validate(self.config["training"])
             init = state["stages"][t - 2]["model_id"] if t > 1 else None
             body = JobCreate(
                 feature_set_id=run.feature_set_id,
                 labels_id=stage["training_labels_id"],
-                **{**training.model_dump(), "num_classes": num_classes, "init_model_id": init},
+                **{**training.model_dump(), "num_classes": self.num_classes, "init_model_id": init},
             )
             with self.database.session() as session:
                 stage["job_id"] = jobs.submit(session, self.settings, body).id
@@ -388,19 +356,19 @@ class Driver:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _feature_path(self, run: MultistageRun) -> Path:
+    def _feature_path(self) -> Path:
         with self.database.session() as session:
-            feature_set = session.get(FeatureSet, run.feature_set_id)
+            feature_set = session.get(FeatureSet, self.run.feature_set_id)
             if feature_set is None:
-                raise RunFailedError(f"feature set {run.feature_set_id} is gone")
+                raise RunFailedError(f"feature set {self.run.feature_set_id} is gone")
             return self.settings.data_dir / feature_set.path
 
-    def _feature_ids(self, run: MultistageRun) -> list[str]:
-        column = pq.read_table(self._feature_path(run), columns=["example_id"]).column(0)
+    def _feature_ids(self) -> list[str]:
+        column = pq.read_table(self._feature_path(), columns=["example_id"]).column(0)
         return list(pc.cast(column, pa.string()).to_pylist())
 
-    def _features(self, run: MultistageRun, ids: list[str]) -> pa.Table:
-        table = pq.read_table(self._feature_path(run))
+    def _features(self, ids: list[str]) -> pa.Table:
+        table = pq.read_table(self._feature_path())
         wanted = pa.array(ids, pa.string())
         pos = pc.index_in(wanted, value_set=pc.cast(table.column("example_id"), pa.string()))
         return table.take(pos)

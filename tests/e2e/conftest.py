@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from labeldp.processes import ServiceProcess, free_port, running
@@ -132,3 +135,19 @@ def services(database_urls: dict[str, str], tmp_path: Path) -> Iterator[Services
             features_db=database_urls["features"],
             logs=logs,
         )
+
+
+# -- helpers shared by the end-to-end tests ------------------------------------------
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+def ok(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The JSON body, after checking the status (the body is the failure message)."""
+    assert response.status_code == status, f"{response.status_code}: {response.text}"
+    body: dict[str, Any] = response.json()
+    return body

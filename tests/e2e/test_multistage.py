@@ -16,7 +16,6 @@ features and drives the multi-stage run (``POST /v1/multistage`` and
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import subprocess
@@ -25,32 +24,18 @@ import time
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from feature_party.client import BudgetExceededError, LabelsPartyClient
-from tests.e2e.conftest import Services
+from tests.e2e.conftest import Services, ok, parquet_bytes
 
 pytestmark = pytest.mark.slow
 
 N, K = 900, 3
 TRAINING = {"task": "classification", "loss": "cross-entropy", "epochs": 4,
             "batch_size": 128, "learning_rate": 0.01, "hidden": [32], "seed": 0}  # fmt: skip
-
-
-def _parquet(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
-
-
-def _ok(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, f"{response.status_code}: {response.text}"
-    body: dict[str, Any] = response.json()
-    return body
 
 
 def _problem() -> tuple[pa.Table, pa.Table]:
@@ -71,14 +56,14 @@ def _setup(services: Services, *, budget: float) -> tuple[str, str, str]:
             name="lpmst", task="classification", label_domain={"num_classes": K},
             epsilon_budget=budget,
         )  # fmt: skip
-        admin.upload_labels(dataset["id"], _parquet(labels))
+        admin.upload_labels(dataset["id"], parquet_bytes(labels))
         client = admin.create_client(name="publisher", role="client")
         admin.create_grant(dataset["id"], client_id=client["id"])
     roles = '{"numeric": ["x0", "x1", "x2", "x3"], "categorical": []}'
-    feature_set = _ok(
+    feature_set = ok(
         services.features.post(
             "/v1/feature-sets",
-            files={"file": ("features.parquet", _parquet(features))},
+            files={"file": ("features.parquet", parquet_bytes(features))},
             data={"schema": roles, "name": "lpmst"},
         ),
         201,
@@ -95,7 +80,7 @@ def _parts_spent(services: Services, dataset_id: str) -> dict[str, Decimal]:
 def _wait(services: Services, run_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        run = _ok(services.features.get(f"/v1/multistage/{run_id}"), 200)
+        run = ok(services.features.get(f"/v1/multistage/{run_id}"), 200)
         if run["status"] != "running":
             assert run["status"] == "succeeded", (
                 f"{run['status']}: {run['error']}; logs in {services.logs}"
@@ -110,7 +95,7 @@ def test_three_stages_charge_each_part_once(services: Services) -> None:
     body = {"feature_set_id": feature_set_id, "labels_party_url": services.labels_url,
             "token": token, "dataset_id": dataset_id, "epsilon": 1.0, "stages": 3, "seed": 11,
             "temperature": 2.0, "training": TRAINING}  # fmt: skip
-    started = _ok(services.features.post("/v1/multistage", json=body), 202)
+    started = ok(services.features.post("/v1/multistage", json=body), 202)
     assert "token" not in started["config"]
     run = _wait(services, started["id"])
 
@@ -139,7 +124,7 @@ def test_three_stages_charge_each_part_once(services: Services) -> None:
     # The final model predicts at the features party.
     features, _ = _problem()
     rows = features.slice(0, 5).to_pylist()
-    predicted = _ok(
+    predicted = ok(
         services.features.post(f"/v1/models/{run['model_id']}/predict", json={"rows": rows}), 200
     )
     assert all(0 <= p < K for p in predicted["prediction"])
@@ -167,7 +152,7 @@ def test_two_stage_run_from_the_cli(services: Services) -> None:
     assert _parts_spent(services, dataset_id) == {"lpmst-1": Decimal(1), "lpmst-2": Decimal(1)}
     run_id = re.search(r"run (\w+)", done.stdout)
     assert run_id is not None
-    run = _ok(services.features.get(f"/v1/multistage/{run_id.group(1)}"), 200)
+    run = ok(services.features.get(f"/v1/multistage/{run_id.group(1)}"), 200)
     assert [s["num_examples"] for s in run["stages"]] == [round(0.4 * N), N - round(0.4 * N)]
 
 

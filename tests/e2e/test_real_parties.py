@@ -15,7 +15,6 @@ features party) with nothing spent and nothing stored.
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
@@ -23,14 +22,13 @@ from typing import Any
 
 import httpx
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import create_engine, text
 
 from feature_party.client import LabelsPartyClient
 from labeldp.datasets import DatasetUnavailableError, load
-from tests.e2e.conftest import Services
+from tests.e2e.conftest import Services, ok, parquet_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -42,18 +40,6 @@ TRAINING = {"task": "regression", "loss": "squared", "epochs": 4, "batch_size": 
 
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-def _parquet(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
-
-
-def _ok(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, f"{response.status_code}: {response.text}"
-    body: dict[str, Any] = response.json()
-    return body
 
 
 def _received_rows(database_url: str) -> int:
@@ -70,10 +56,10 @@ def _stored_files(data_dir: Path) -> list[str]:
 
 
 def _train(features: httpx.Client, body: dict[str, Any], logs: Path) -> dict[str, Any]:
-    job = _ok(features.post("/v1/jobs", json=body), 202)
+    job = ok(features.post("/v1/jobs", json=body), 202)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        state = _ok(features.get(f"/v1/jobs/{job['id']}"), 200)
+        state = ok(features.get(f"/v1/jobs/{job['id']}"), 200)
         if state["status"] == "succeeded":
             return state
         assert state["status"] not in ("failed", "cancelled"), (
@@ -98,7 +84,8 @@ def test_release_train_predict_and_budget(services: Services) -> None:
         dataset = advertiser.create_dataset(
             name="e2e", task=data.task, label_domain=data.label_domain, epsilon_budget=BUDGET
         )
-        uploaded = advertiser.upload_labels(dataset["id"], _parquet(data.labels_table(train_rows)))
+        labels = parquet_bytes(data.labels_table(train_rows))
+        uploaded = advertiser.upload_labels(dataset["id"], labels)
         assert uploaded["num_labels"] == train_rows.size
         client = advertiser.create_client(name="publisher", role="client")
         advertiser.create_grant(dataset["id"], client_id=client["id"])
@@ -109,10 +96,10 @@ def test_release_train_predict_and_budget(services: Services) -> None:
 
     # The publisher: features of every row, then one release at ε = 2.
     features = services.features
-    feature_set = _ok(
+    feature_set = ok(
         features.post(
             "/v1/feature-sets",
-            files={"file": ("features.parquet", _parquet(data.features_table()))},
+            files={"file": ("features.parquet", parquet_bytes(data.features_table()))},
             data={"schema": json.dumps({"numeric": data.numeric,
                                         "categorical": data.categorical})},
         ),
@@ -125,14 +112,14 @@ def test_release_train_predict_and_budget(services: Services) -> None:
         "token": client["token"],
         "dataset_id": dataset["id"],
     }
-    received = _ok(features.post("/v1/received-labels", json={**source, "release": RELEASE}), 201)
+    received = ok(features.post("/v1/received-labels", json={**source, "release": RELEASE}), 201)
     assert received["num_labels"] == train_rows.size
     assert received["matched"] == train_rows.size and received["unmatched"] == 0
     spent = budget()
     assert spent["epsilon_spent"] == pytest.approx(EPSILON)
 
     # Fetching the same release again is free and gives the same bytes.
-    again = _ok(
+    again = ok(
         features.post("/v1/received-labels", json={**source, "release_id": received["release_id"]}),
         201,
     )
@@ -160,10 +147,10 @@ def test_release_train_predict_and_budget(services: Services) -> None:
     )
     assert job["metrics"]["epochs_run"] >= 1
     test_features = data.features_table(test_rows)
-    predicted = _ok(
+    predicted = ok(
         features.post(
             f"/v1/models/{job['model_id']}/predict",
-            files={"file": ("rows.parquet", _parquet(test_features))},
+            files={"file": ("rows.parquet", parquet_bytes(test_features))},
         ),
         200,
     )
