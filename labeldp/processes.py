@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,8 +101,34 @@ class ServiceProcess:
 
 
 @contextlib.contextmanager
+def _terminate_cleanly() -> Iterator[None]:
+    """While services run, SIGTERM unwinds like Ctrl-C, so ``running`` stops them:
+    Python's default SIGTERM ends the process without cleanup and would leave the
+    services (each in its own session) behind. Only the main thread can set it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def running(*services: ServiceProcess, timeout: float = 60.0) -> Iterator[None]:
-    """Start ``services`` in order (each healthy before the next) and stop them all."""
+    """Start ``services`` in order (each healthy before the next) and stop them all,
+    also when this process is interrupted or sent SIGTERM."""
+    with _terminate_cleanly(), _started(services, timeout):
+        yield
+
+
+@contextlib.contextmanager
+def _started(services: Sequence[ServiceProcess], timeout: float) -> Iterator[None]:
     started: list[ServiceProcess] = []
     try:
         for service in services:
