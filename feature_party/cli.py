@@ -58,6 +58,33 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         p.set_defaults(handler=run_jobs_get if name == "get" else run_jobs_watch)
 
     _register_multistage(sub)
+    _register_models(sub)
+
+
+def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    models = sub.add_parser("models", help="the model registry")
+    models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    imp = models_sub.add_parser(
+        "import",
+        help="import a LabelDP-Pro model trained by the labels party",
+        description="Downloads the model of a succeeded labels-party training, checks its "
+        "SHA-256 and registers it for prediction. The labels-party client token comes "
+        "from LABELDP_LABELS_PARTY_TOKEN, never from the command line.",
+    )
+    imp.add_argument("--labels-party-url", required=True)
+    imp.add_argument("--training", required=True, help="training id at the labels party")
+    _service_url(imp)
+    imp.set_defaults(handler=run_models_import)
+
+
+def run_models_import(args: argparse.Namespace) -> int:
+    body = {
+        "labels_party_url": args.labels_party_url,
+        "token": _labels_party_token(),
+        "training_id": args.training,
+    }
+    print(json.dumps(_call("POST", args.url, "/v1/models/import", body), indent=2))
+    return 0
 
 
 def _service_url(p: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ Exceptions::
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import time
@@ -270,6 +271,91 @@ class LabelsPartyClient:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def _download(
+        self,
+        path: str,
+        dest: Path,
+        *,
+        expected_sha256: str | None,
+        what: str,
+        accept: str,
+        params: dict[str, Any] | None = None,
+    ) -> str:
+        """Stream ``path`` to ``dest`` (retried: a download is safe to repeat) and
+        check its SHA-256 against ``expected_sha256`` and ``X-Content-SHA256``."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+
+        def attempt() -> tuple[str, str | None]:
+            digest = hashlib.sha256()
+            with (
+                self._http.stream(
+                    "GET", path, params=params, headers={"Accept": accept}
+                ) as response,
+                tmp.open("wb") as out,
+            ):
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for(response)
+                for chunk in response.iter_bytes(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+            return digest.hexdigest(), response.headers.get("X-Content-SHA256")
+
+        try:
+            sha, announced = self._retrying(attempt, idempotent=True, what=what)
+            for expected in (expected_sha256, announced):
+                if expected is not None and sha != expected.lower():
+                    raise ReleaseIntegrityError(
+                        f"{what}: the bytes hash to {sha}, expected {expected}"
+                    )
+            os.replace(tmp, dest)
+            return sha
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- LabelDP-Pro trainings (a model as the release) ------------------------------
+
+    def create_training(
+        self,
+        dataset_id: str,
+        features: Path | bytes,
+        spec: dict[str, Any],
+        *,
+        filename: str = "features.parquet",
+    ) -> dict[str, Any]:
+        """``POST /v1/datasets/{id}/trainings`` (multipart ``file`` + JSON ``spec``).
+        Spends (ε, δ) once: like :meth:`create_release`, an idempotency key is
+        generated when ``spec`` has none and reused on every retry."""
+        body = dict(spec)
+        body.setdefault("idempotency_key", uuid.uuid4().hex)
+        return self._object(
+            "POST",
+            f"/v1/datasets/{dataset_id}/trainings",
+            files_factory=_upload(features, filename),
+            data={"spec": json.dumps(body)},
+            idempotent=True,
+        )
+
+    def get_training(self, training_id: str) -> dict[str, Any]:
+        """``GET /v1/trainings/{id}``: status, progress, accounting, ``sha256``."""
+        return self._object("GET", f"/v1/trainings/{training_id}")
+
+    def download_model(
+        self, training_id: str, dest: Path, *, expected_sha256: str | None = None
+    ) -> str:
+        """Stream a trained model's artifact to ``dest`` and return its SHA-256. A
+        hash that differs from ``expected_sha256`` (or from the response's
+        ``X-Content-SHA256``) raises :class:`ReleaseIntegrityError` and leaves
+        nothing at ``dest``."""
+        return self._download(
+            f"/v1/trainings/{training_id}/model",
+            dest,
+            expected_sha256=expected_sha256,
+            what=f"training {training_id} model",
+            accept="application/octet-stream",
+        )
+
     # -- clients, grants, audit -----------------------------------------------------
 
     def create_client(self, *, name: str, role: str = "client") -> dict[str, Any]:
@@ -324,6 +410,7 @@ class LabelsPartyClient:
         json: Any = None,
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
+        data: dict[str, Any] | None = None,
         files_factory: Callable[[], dict[str, Any]] | None = None,
         idempotent: bool | None = None,
     ) -> httpx.Response:
@@ -336,6 +423,7 @@ class LabelsPartyClient:
                 json=json,
                 params=params,
                 headers=headers,
+                data=data,
                 files=files_factory() if files_factory else None,
             )
             if response.status_code >= 400:

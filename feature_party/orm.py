@@ -76,7 +76,12 @@ class Model(Base):
     __tablename__ = "models"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    #: The job that trained it; None for a model imported from the labels party.
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), unique=True)
+    #: ``job`` (trained here) or ``labels-party-training`` (a LabelDP-Pro release).
+    source: Mapped[str] = mapped_column(String(40), default="job", server_default="job")
+    #: The labels-party training an imported model came from.
+    training_id: Mapped[str | None] = mapped_column(String(200), default=None)
     path: Mapped[str] = mapped_column(String(500))
     task: Mapped[str] = mapped_column(String(32))
     loss: Mapped[str] = mapped_column(String(64))

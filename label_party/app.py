@@ -23,6 +23,7 @@ from label_party.partitions.endpoints import router as partitions_router
 from label_party.previews.endpoints import router as previews_router
 from label_party.releases.endpoints import router as releases_router
 from label_party.storage import sweep_orphans
+from label_party.trainings.endpoints import router as trainings_router
 
 logger = logging.getLogger("label_party")
 
@@ -61,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         partitions_router,
         priors_router,
         releases_router,
+        trainings_router,
         clients_router,
         audit_router,
         previews_router,

@@ -30,7 +30,18 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8001)
     serve.set_defaults(handler=run_serve)
+    worker = party_cmds.add_parser(
+        "worker",
+        help="run a LabelDP-Pro training worker (settings as for serve)",
+        description="Claim queued trainings from the service's database and train them "
+        "(CUDA when present; LABELDP_TRAINING_DEVICE=auto|cpu|cuda). Any number of "
+        "workers on Postgres; one on SQLite.",
+    )
+    worker.add_argument("--once", action="store_true", help="exit when the queue is empty")
+    worker.add_argument("--id", dest="worker_id", help="worker id (default host:pid:random)")
+    worker.set_defaults(handler=run_worker)
     _register_client_commands(party_cmds)
+    _register_training_commands(party_cmds)
 
     mech = commands.add_parser("mechanism", help="inspect label mechanisms without data")
     mech_cmds = mech.add_subparsers(dest="mechanism_command", required=True, metavar="ACTION")
@@ -150,6 +161,37 @@ def run_serve(args: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
     )
+    return 0
+
+
+def _settings() -> Any:
+    from pydantic import ValidationError
+
+    from label_party.config import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]) for e in exc.errors())
+        raise CommandError(f"invalid settings: {problems}") from None
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from label_party.db import connect, migrate
+    from label_party.trainings.worker import Worker
+    from shared.logging import configure_logging
+
+    settings = _settings()
+    configure_logging(settings.log_level)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = connect(settings.resolved_database_url)
+    try:
+        migrate(db.engine)
+        worker = Worker(db, settings, worker_id=args.worker_id)
+        worker.install_signal_handlers()
+        worker.run(once=args.once)
+    finally:
+        db.dispose()
     return 0
 
 
@@ -289,3 +331,153 @@ def _verify(args: argparse.Namespace) -> int:
     response = _request(args, "GET", "/v1/audit/verify")
     _print(response)
     return 0 if response.json()["ok"] else 1
+
+
+# -- LabelDP-Pro trainings -----------------------------------------------------------
+
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+def _register_training_commands(
+    cmds: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    trainings = cmds.add_parser("trainings", help="LabelDP-Pro trainings: a model as the release")
+    sub = trainings.add_subparsers(dest="trainings_command", required=True, metavar="ACTION")
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--url", default=os.environ.get("LABELDP_URL", "http://127.0.0.1:8001"))
+        p.add_argument(
+            "--token", default=os.environ.get("LABELDP_TOKEN"), help="default: $LABELDP_TOKEN"
+        )
+        return p
+
+    p = add("create", "upload features and a spec; spends (ε, δ) now")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--features", required=True, type=Path, help=".parquet, .csv or .jsonl")
+    p.add_argument("--epsilon", required=True)
+    p.add_argument("--delta", help="default: 1/n")
+    p.add_argument("--denoiser", choices=["noop", "self-span", "self-conv", "alt-conv"])
+    p.add_argument("--architecture", choices=["cnn", "mlp"])
+    p.add_argument("--image-shape", help="C,H,W for the cnn (default 1,28,28)")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int, dest="expected_batch_size")
+    p.add_argument("--spec", help="more spec fields: a JSON object")
+    p.add_argument("--idempotency-key")
+    p.add_argument("--watch", action="store_true", help="follow it until it ends")
+    p.set_defaults(handler=_training_create)
+    for name, help_ in (("get", "print a training as JSON"), ("watch", "follow until it ends")):
+        p = add(name, help_)
+        p.add_argument("training")
+        p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+        p.set_defaults(handler=_training_get if name == "get" else _training_watch)
+    p = add("download", "download a trained model's artifact")
+    p.add_argument("training")
+    p.add_argument("--output", type=Path, required=True)
+    p.set_defaults(handler=_training_download)
+
+
+def _training_spec(args: argparse.Namespace) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if args.spec:
+        try:
+            spec = json.loads(args.spec)
+        except json.JSONDecodeError:
+            raise CommandError("--spec must be a JSON object") from None
+        if not isinstance(spec, dict):
+            raise CommandError("--spec must be a JSON object")
+    spec["epsilon"] = args.epsilon
+    for key in ("delta", "denoiser", "architecture", "epochs", "expected_batch_size"):
+        if getattr(args, key) is not None:
+            spec[key] = getattr(args, key)
+    if args.image_shape:
+        try:
+            spec["image_shape"] = [int(v) for v in args.image_shape.split(",")]
+        except ValueError:
+            raise CommandError("--image-shape: C,H,W, e.g. 1,28,28") from None
+    if args.idempotency_key:
+        spec["idempotency_key"] = args.idempotency_key
+    return spec
+
+
+def _training_create(args: argparse.Namespace) -> int:
+    spec = _training_spec(args)
+    try:
+        with args.features.open("rb") as fh:
+            response = _request(
+                args,
+                "POST",
+                f"/v1/datasets/{args.dataset}/trainings",
+                files={"file": (args.features.name, fh)},
+                data={"spec": json.dumps(spec)},
+            )
+    except OSError as exc:
+        raise CommandError(f"cannot read {args.features}: {exc.strerror}") from None
+    training = response.json()
+    if not args.watch:
+        return _print(response)
+    print(
+        f"training {training['id']}: ε = {training['epsilon']}, δ = {training['delta']} "
+        f"charged; {training['num_examples']} examples",
+        flush=True,
+    )
+    args.training, args.interval = training["id"], 1.0
+    return _training_watch(args)
+
+
+def _training_get(args: argparse.Namespace) -> int:
+    return _print(_request(args, "GET", f"/v1/trainings/{args.training}"))
+
+
+def training_line(training: dict[str, Any], width: int = 30) -> str:
+    """``[#####-----]  40.0%  epoch 1/2 step 4/10 ETA 0:03  running``."""
+    p = training.get("progress") or {}
+    total = p.get("total_steps") or 0
+    done = (
+        1.0 if training["status"] == "succeeded" else (p.get("step", 0) / total if total else 0.0)
+    )
+    bar = "#" * int(done * width) + "-" * (width - int(done * width))
+    parts = [f"[{bar}] {done * 100:5.1f}%"]
+    if p:
+        parts.append(f"epoch {p.get('epoch')}/{p.get('epochs')} step {p.get('step')}/{total}")
+        if training["status"] == "running" and p.get("eta_seconds") is not None:
+            eta = int(p["eta_seconds"])
+            parts.append(f"ETA {eta // 60}:{eta % 60:02d}")
+    parts.append(training["status"])
+    return "  ".join(parts)
+
+
+def _training_watch(args: argparse.Namespace) -> int:
+    import time
+
+    last = ""
+    while True:
+        training = _request(args, "GET", f"/v1/trainings/{args.training}").json()
+        line = training_line(training)
+        if line != last:
+            print(line, flush=True)
+            last = line
+        if training["status"] in FINAL:
+            break
+        time.sleep(args.interval)
+    if training["status"] == "succeeded":
+        accounting = training.get("accounting") or {}
+        print(
+            f"model {training['sha256']} (accounted ε = {accounting.get('epsilon'):.4g}, "
+            f"δ = {accounting.get('delta'):.3g}, σ = {accounting.get('noise_multiplier'):.4g})"
+        )
+        return 0
+    print(f"{training['status']}: {training.get('error')}", file=sys.stderr)
+    return 1
+
+
+def _training_download(args: argparse.Namespace) -> int:
+    import hashlib
+
+    response = _request(args, "GET", f"/v1/trainings/{args.training}/model")
+    sha = hashlib.sha256(response.content).hexdigest()
+    if sha != response.headers.get("X-Content-SHA256"):
+        raise CommandError("the downloaded model does not match its SHA-256")
+    args.output.write_bytes(response.content)
+    print(f"wrote {len(response.content)} bytes to {args.output} (sha256 {sha})")
+    return 0

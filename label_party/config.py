@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     #: Largest label grid a regression domain may declare.
     max_grid_size: int = Field(default=10_001, gt=1)
     log_level: str = "INFO"
+    #: LabelDP-Pro trainings (``labeldp label-party worker``): the torch device
+    #: (``auto``: CUDA when the worker has it), how often an idle worker polls,
+    #: how long a claim's lease lasts and how often a running training renews it.
+    training_device: Literal["auto", "cpu", "cuda"] = "auto"
+    worker_poll_seconds: float = Field(default=1.0, gt=0)
+    worker_lease_seconds: float = Field(default=60.0, gt=0)
+    worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
     #: Test-only: releases draw from a generator seeded with this and the release id.
     test_seed: int | None = None
     #: Test-only: SIGKILL the server at this point of a release.
@@ -88,6 +95,11 @@ class Settings(BaseSettings):
     @property
     def priors_dir(self) -> Path:
         return self.data_dir / "priors"
+
+    @property
+    def trainings_dir(self) -> Path:
+        """Uploaded training features and trained model artifacts, named by SHA-256."""
+        return self.data_dir / "trainings"
 
     @property
     def tmp_dir(self) -> Path:

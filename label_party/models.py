@@ -19,6 +19,7 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -174,3 +175,38 @@ class PriorSet(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     created_by: Mapped[str] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Training(Base):
+    """A LabelDP-Pro training (``label_party.trainings``): a queued row of the
+    shared lease queue (:mod:`shared.lease_queue`) whose result is a model
+    artifact. Its (ε, δ) is the ledger entry reserved when it was accepted."""
+
+    __tablename__ = "trainings"
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "idempotency_key"),
+        Index("ix_trainings_status", "status", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    ledger_entry_id: Mapped[str] = mapped_column(ForeignKey("ledger_entries.id"), unique=True)
+    created_by: Mapped[str] = mapped_column(String(36))
+    #: The public training spec, with the defaults it was run with filled in.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    features_sha256: Mapped[str] = mapped_column(String(64))
+    num_examples: Mapped[int] = mapped_column(BigInteger)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    request_fingerprint: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    accounting: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    model_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    worker_id: Mapped[str | None] = mapped_column(String(200), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)

@@ -16,7 +16,7 @@ from feature_party.deps import SessionDep, SettingsDep
 from feature_party.errors import InvalidInputError, PayloadTooLargeError
 from feature_party.exception_handlers import ERROR_RESPONSES
 from feature_party.models import service
-from feature_party.models.schemas import ModelRead, Predictions, PredictRows
+from feature_party.models.schemas import ModelImport, ModelRead, Predictions, PredictRows
 from feature_party.uploads import spooled
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=ERROR_RESPONSES)
@@ -43,6 +43,14 @@ def _predict_upload(
     directory = settings.data_dir / "tmp"
     with spooled(upload, directory=directory, max_bytes=settings.max_upload_bytes) as path:
         return service.predict_file(session, settings, model_id, path, upload.filename)
+
+
+@router.post("/import", response_model=ModelRead, status_code=201)
+def import_model(session: SessionDep, settings: SettingsDep, body: ModelImport) -> ModelRead:
+    """Import a model the labels party trained with LabelDP-Pro
+    (``GET /v1/trainings/{id}/model`` there): its SHA-256 is checked against the
+    training's, and it predicts like any model here (``POST /v1/models/{id}/predict``)."""
+    return service.import_training(session, settings, body)
 
 
 @router.get("/{model_id}", response_model=ModelRead)

@@ -5,12 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 class ModelRead(BaseModel):
     id: str
-    job_id: str
+    job_id: str | None = Field(description="the job that trained it; null for an imported model")
+    source: str = Field(
+        default="job", description="job | labels-party-training (a LabelDP-Pro release)"
+    )
+    training_id: str | None = None
     task: str
     loss: str
     metrics: dict[str, Any]
@@ -31,3 +35,15 @@ class Predictions(BaseModel):
     prediction: list[float] = Field(
         description="label units for regression (rate for Poisson), class index for classification"
     )
+
+
+class ModelImport(BaseModel):
+    """``POST /v1/models/import``: fetch a LabelDP-Pro model the labels party trained.
+    ``token`` is the labels-party client token; it is used for this request only
+    and never stored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    labels_party_url: str = Field(pattern=r"^https?://")
+    token: SecretStr
+    training_id: str = Field(min_length=1, max_length=200)

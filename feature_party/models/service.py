@@ -3,31 +3,112 @@ preprocessing (``training.artifact``)."""
 
 from __future__ import annotations
 
+import uuid
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy.orm import Session
 
+from feature_party.client import (
+    LabelsPartyHTTPError,
+    LabelsPartyUnavailableError,
+    ReleaseIntegrityError,
+)
 from feature_party.config import Settings
-from feature_party.errors import InvalidInputError
+from feature_party.errors import ConflictError, InvalidInputError, UpstreamError
 from feature_party.feature_sets.ingest import read_table
 from feature_party.models.repository import ModelRepository
-from feature_party.models.schemas import ModelRead, Predictions
+from feature_party.models.schemas import ModelImport, ModelRead, Predictions
+from feature_party.orm import Model
+from feature_party.received_labels.service import make_client
 from feature_party.training.artifact import Predictor, load_artifact
 
 
 def get(session: Session, model_id: str) -> ModelRead:
     row = ModelRepository(session).get(model_id)
+    return to_read(row)
+
+
+def to_read(row: Model) -> ModelRead:
     return ModelRead(
         id=row.id,
         job_id=row.job_id,
+        source=row.source,
+        training_id=row.training_id,
         task=row.task,
         loss=row.loss,
         metrics=row.metrics,
         created_at=row.created_at,
     )
+
+
+def import_training(session: Session, settings: Settings, body: ModelImport) -> ModelRead:
+    """Download a labels-party LabelDP-Pro model, check its SHA-256 and that it
+    loads, and register it: it then predicts like a model trained here. The model
+    is the labels party's release; everything done with it here is
+    post-processing and costs no budget."""
+    client = make_client(settings, body.labels_party_url, body.token.get_secret_value())
+    with client:
+        try:
+            training = client.get_training(body.training_id)
+            if training.get("status") != "succeeded" or not training.get("sha256"):
+                raise ConflictError(
+                    f"training {body.training_id} has no model yet (it is "
+                    f"{training.get('status')})",
+                    code="training_not_ready",
+                )
+            sha = str(training["sha256"]).lower()
+            relative = Path("models") / "imported" / f"{sha}.pt"
+            client.download_model(
+                body.training_id, settings.data_dir / relative, expected_sha256=sha
+            )
+        except LabelsPartyUnavailableError as exc:
+            raise UpstreamError(
+                str(exc), code="labels_party_unavailable", detail={"attempts": exc.attempts}
+            ) from None
+        except ReleaseIntegrityError as exc:
+            raise UpstreamError(str(exc), code="release_integrity_error") from None
+        except LabelsPartyHTTPError as exc:
+            raise UpstreamError(
+                f"the labels party refused: {exc.message}",
+                detail={"status": exc.status_code, "error": exc.error, "detail": exc.detail},
+            ) from None
+    return _register(session, settings, relative, training)
+
+
+def _register(
+    session: Session, settings: Settings, relative: Path, training: dict[str, Any]
+) -> ModelRead:
+    try:
+        predictor = _predictor(str((settings.data_dir / relative).resolve()))
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise UpstreamError(
+            f"the labels party's model does not load: {exc}", code="invalid_model"
+        ) from None
+    metrics = {
+        "labels_party_training_id": training["id"],
+        "dataset_id": training.get("dataset_id"),
+        "epsilon": training.get("epsilon"),
+        "delta": training.get("delta"),
+        "accounting": training.get("accounting"),
+        "sha256": training["sha256"],
+    }
+    row = Model(
+        id=uuid.uuid4().hex,
+        job_id=None,
+        source="labels-party-training",
+        training_id=str(training["id"]),
+        path=str(relative),
+        task=predictor.task,
+        loss="cross-entropy",
+        metrics=metrics,
+    )
+    session.add(row)
+    session.flush()
+    return to_read(row)
 
 
 def artifact_path(session: Session, settings: Settings, model_id: str) -> Path:

@@ -30,6 +30,10 @@ from label_party.models import AuditEntry
 
 GENESIS = "0" * 64
 
+#: Audit actions that record a ledger entry: a release, and a LabelDP-Pro training
+#: (an approximate-DP release: its ε and δ add to the whole-dataset scope).
+SPENDING_ACTIONS = frozenset({"release.created", "training.reserved"})
+
 
 def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -104,7 +108,8 @@ def verify(session: Session, *, batch: int = 5000) -> Verification:
     """Recompute the chain and the budget ledger from the audit entries."""
     prev, expected_seq, count = GENESIS, 1, 0
     budgets: dict[str, tuple[int, int, int]] = {}  # dataset -> (seq, ε budget, δ budget)
-    releases: dict[str, tuple[int, str, Cost]] = {}  # ledger entry -> (seq, dataset, cost)
+    # ledger entry -> (seq, dataset, cost), from releases and trainings
+    releases: dict[str, tuple[int, str, Cost]] = {}
     after = 0
     while rows := page(session, dataset_id=None, after=after, limit=batch):
         for row in rows:
@@ -132,7 +137,7 @@ def verify(session: Session, *, batch: int = 5000) -> Verification:
                     int(payload["epsilon_budget_units"]),
                     int(payload["delta_budget_units"]),
                 )
-            elif row.action == "release.created" and row.dataset_id is not None:
+            elif row.action in SPENDING_ACTIONS and row.dataset_id is not None:
                 parts = payload.get("parts")
                 releases[payload["ledger_entry_id"]] = (
                     row.seq,

@@ -88,8 +88,18 @@ def budget(session: Session, dataset: Dataset, part_names: Sequence[str]) -> Bud
     )
 
 
-def reserve(session: Session, principal: Principal, dataset: Dataset, cost: Cost) -> LedgerEntry:
-    """Record ``cost`` against a dataset locked by :func:`lock_dataset`, or refuse."""
+def reserve(
+    session: Session,
+    principal: Principal,
+    dataset: Dataset,
+    cost: Cost,
+    *,
+    what: str = "release",
+) -> LedgerEntry:
+    """Record ``cost`` against a dataset locked by :func:`lock_dataset`, or refuse.
+
+    ``what`` names the spender (``release`` or ``training``) in the refusal's
+    audit action (``<what>.refused``) and message."""
     ok, eps_left, delta_left = fits(
         spend_of(session, dataset.id),
         cost,
@@ -107,18 +117,14 @@ def reserve(session: Session, principal: Principal, dataset: Dataset, cost: Cost
         audit.append(
             session,
             actor=principal.id,
-            action="release.refused",
+            action=f"{what}.refused",
             dataset_id=dataset.id,
             payload={"reason": "budget_exceeded", **detail},
         )
         logger.info(
-            "release refused: budget exceeded", extra={"fields": {"dataset_id": dataset.id}}
+            f"{what} refused: budget exceeded", extra={"fields": {"dataset_id": dataset.id}}
         )
-        raise BudgetExceededError(
-            f"the release needs ε = {epsilon_decimal(cost.epsilon)} but only "
-            f"ε = {epsilon_decimal(max(eps_left, 0))} remains on its scope",
-            detail,
-        )
+        raise BudgetExceededError(_refusal(what, cost, eps_left, delta_left), detail)
     entry = LedgerEntry(
         id=str(uuid.uuid4()),
         dataset_id=dataset.id,
@@ -129,3 +135,16 @@ def reserve(session: Session, principal: Principal, dataset: Dataset, cost: Cost
     session.add(entry)
     session.flush()
     return entry
+
+
+def _refusal(what: str, cost: Cost, eps_left: int, delta_left: int) -> str:
+    message = (
+        f"the {what} needs ε = {epsilon_decimal(cost.epsilon)} but only "
+        f"ε = {epsilon_decimal(max(eps_left, 0))} remains on its scope"
+    )
+    if cost.delta > max(delta_left, 0):
+        message += (
+            f" (δ = {delta_decimal(cost.delta)} needed, "
+            f"δ = {delta_decimal(max(delta_left, 0))} remains)"
+        )
+    return message

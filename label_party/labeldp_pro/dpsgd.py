@@ -1,0 +1,452 @@
+"""DP-SGD with a projection denoiser: Algorithm 1 of ``labeldp-pro.txt``.
+
+Each step (Algorithm 1, lines 2–7):
+
+1. Poisson-sample a batch ``I^G``: every example independently with rate
+   ``q = B/n`` (the sampling the accountant assumes, §3.4; batch size varies);
+2. per-example gradients ``∇_θ ℓ(θ, (x_i, y_i))`` by ``vmap(grad(...))``;
+3. clip each to norm ``C``;
+4. ``g̃ = (Σ clipped + N(0, σ²C²I)) / B`` with the *expected* batch size ``B`` —
+   dividing by the realized size would make the scale label-independent but
+   data-dependent in a way the accountant does not cover;
+5. ``ĝ = Denoiser(g̃, θ, features)`` (Table 1; :mod:`.denoisers`);
+6. an optimizer step with ``ĝ`` as the gradient.
+
+σ is calibrated to the requested (ε, δ) before training (:mod:`.accounting`), with
+amplification by subsampling only for the denoisers that keep it (Table 1).
+
+What leaves this module is the model, the accounting record and a history of
+label-free quantities (norms of the privatized gradient, timings). The training loss
+on the private labels is *not* differentially private; it is only computed when
+``report_training_loss`` is set, for in-process diagnostics (DESIGN.md §3.1).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, Literal, get_args
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn import functional
+
+from label_party.labeldp_pro.accounting import (
+    AccountingRecord,
+    account,
+    amplification_for,
+    calibrate_noise,
+)
+from label_party.labeldp_pro.denoisers import (
+    DEFAULT_PROJECTION_STEPS,
+    DEFAULT_SMOOTHING,
+    DENOISERS,
+    PROJECTION_METHODS,
+    DenoiserName,
+    Params,
+    ProjectionMethod,
+    denoise,
+    trainable_parameters,
+    unflatten,
+)
+
+OptimizerName = Literal["sgd", "momentum", "adam", "rmsprop"]
+OPTIMIZERS: Final[tuple[str, ...]] = get_args(OptimizerName)
+
+
+@dataclass(frozen=True)
+class LabelDPProConfig:
+    """Public configuration of one LabelDP-Pro run (Algorithm 1; Appendix D.2).
+
+    ``num_classes`` is the declared label domain (DESIGN.md §3.2), never read off
+    the labels. ``alt_batch_size`` is ALTCONV's ``n₂``; ``projection_steps`` and
+    ``projection_step_size`` drive §3.2's PGD (``None``: automatic step;
+    ``projection_method="fista"`` accelerates it);
+    ``smoothing`` is §3.3's ``λ``. ``physical_batch_size`` bounds how many
+    per-example gradients are held at once (memory only; no effect on privacy).
+    """
+
+    epsilon: float
+    delta: float
+    num_classes: int
+    denoiser: DenoiserName = "alt-conv"
+    epochs: int = 5
+    expected_batch_size: int = 1024
+    clip_norm: float = 1.0
+    learning_rate: float = 0.1
+    optimizer: OptimizerName = "sgd"
+    momentum: float = 0.9
+    alt_batch_size: int = 64
+    projection_steps: int = DEFAULT_PROJECTION_STEPS
+    projection_step_size: float | None = None
+    projection_method: ProjectionMethod = "pgd"
+    smoothing: float = DEFAULT_SMOOTHING
+    physical_batch_size: int = 1024
+    device: str = "cpu"
+    report_training_loss: bool = False
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.epsilon) and self.epsilon > 0, "epsilon must be > 0")
+        _require(0 < self.delta < 1, "delta must be in (0, 1)")
+        _require(self.num_classes >= 2, "num_classes must be >= 2")
+        _require(self.denoiser in DENOISERS, f"denoiser must be one of {', '.join(DENOISERS)}")
+        _require(self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        _require(self.epochs >= 1, "epochs must be >= 1")
+        _require(self.expected_batch_size >= 1, "expected_batch_size must be >= 1")
+        _require(self.clip_norm > 0, "clip_norm must be > 0")
+        _require(self.learning_rate > 0, "learning_rate must be > 0")
+        _require(0 <= self.momentum < 1, "momentum must be in [0, 1)")
+        _require(self.alt_batch_size >= 1, "alt_batch_size must be >= 1")
+        _require(self.projection_steps >= 0, "projection_steps must be >= 0")
+        step = self.projection_step_size
+        _require(step is None or step > 0, "projection_step_size must be > 0 or None")
+        _require(0 <= self.smoothing <= 1, "smoothing must be in [0, 1]")
+        methods = ", ".join(PROJECTION_METHODS)
+        _require(
+            self.projection_method in PROJECTION_METHODS,
+            f"projection_method must be one of {methods}",
+        )
+        _require(self.physical_batch_size >= 1, "physical_batch_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Sent to the ``report`` callback after every step.
+
+    ``loss`` is None unless ``report_training_loss`` (it is not private).
+    """
+
+    epoch: int
+    step: int
+    total_steps: int
+    elapsed_seconds: float
+    eta_seconds: float
+    loss: float | None = None
+
+
+@dataclass(frozen=True)
+class EpochSummary:
+    """Label-free facts about one epoch; ``loss`` as in :class:`ProgressEvent`."""
+
+    epoch: int
+    steps: int
+    seconds: float
+    mean_batch_size: float
+    noisy_gradient_norm: float
+    denoised_gradient_norm: float
+    loss: float | None = None
+
+
+@dataclass
+class TrainingResult:
+    """The trained model, its privacy guarantee and per-epoch history."""
+
+    model: nn.Module
+    accounting: AccountingRecord
+    history: list[EpochSummary] = field(default_factory=list)
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+def secure_torch_generator(device: str | torch.device = "cpu") -> torch.Generator:
+    """A torch generator seeded from the OS (DESIGN.md §3.5).
+
+    torch takes 64-bit seeds, so this draws 64 fresh bits from ``secrets`` (the
+    numpy twin, ``label_party.mechanisms.base.secure_generator``, draws 128).
+    Production runs use this; only tests pass their own seeded generator.
+    """
+    gen = torch.Generator(device=torch.device(device))
+    gen.manual_seed(secrets.randbits(64))
+    return gen
+
+
+def clip_per_example(per_example: Tensor, clip_norm: float) -> Tensor:
+    """Algorithm 1 line 4: scale row ``g`` by ``min(1, C/‖g‖)``; rows ``[b, d]``."""
+    norms = torch.linalg.vector_norm(per_example, dim=1, keepdim=True)
+    factors = torch.clamp(clip_norm / torch.clamp(norms, min=1e-12), max=1.0)
+    return per_example * factors
+
+
+def privatize(
+    clipped_sum: Tensor,
+    *,
+    noise_multiplier: float,
+    clip_norm: float,
+    expected_batch_size: int,
+    generator: torch.Generator,
+) -> Tensor:
+    """Algorithm 1 line 5: ``(Σ clipped + N(0, σ²C²I)) / B``, ``B`` the expected size."""
+    noise = torch.randn(
+        clipped_sum.shape,
+        generator=generator,
+        device=clipped_sum.device,
+        dtype=clipped_sum.dtype,
+    )
+    return (clipped_sum + (noise_multiplier * clip_norm) * noise) / expected_batch_size
+
+
+def per_example_gradients(
+    model: nn.Module, params: Params, inputs: Tensor, labels: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Flat per-example gradients ``[b, d]`` and losses ``[b]`` via ``vmap(grad)``."""
+    buffers = {name: b.detach() for name, b in model.named_buffers()}
+
+    def loss_one(p: Params, x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(model, (p, buffers), (x.unsqueeze(0),))
+        return functional.cross_entropy(logits, y.unsqueeze(0))
+
+    grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), randomness="different")(
+        params, inputs, labels
+    )
+    flat = torch.cat([g.reshape(inputs.shape[0], -1) for g in grads.values()], dim=1)
+    return flat, losses
+
+
+def clipped_gradient_sum(
+    model: nn.Module,
+    params: Params,
+    inputs: Tensor,
+    labels: Tensor,
+    *,
+    clip_norm: float,
+    physical_batch_size: int,
+) -> tuple[Tensor, Tensor]:
+    """``Σ_i clip(g_i)`` over a batch (chunked for memory) and the summed loss."""
+    dim = sum(p.numel() for p in params.values())
+    total = torch.zeros(dim, device=inputs.device, dtype=next(iter(params.values())).dtype)
+    loss_sum = torch.zeros((), device=inputs.device)
+    for start in range(0, int(inputs.shape[0]), physical_batch_size):
+        chunk = slice(start, start + physical_batch_size)
+        flat, losses = per_example_gradients(model, params, inputs[chunk], labels[chunk])
+        total += clip_per_example(flat, clip_norm).sum(dim=0)
+        loss_sum += losses.detach().sum()
+    return total, loss_sum
+
+
+def train_labeldp_pro(
+    model: nn.Module,
+    features: Tensor,
+    labels: Tensor,
+    *,
+    config: LabelDPProConfig,
+    report: ProgressCallback | None = None,
+    generator: torch.Generator | None = None,
+) -> TrainingResult:
+    """Train ``model`` with LabelDP-Pro (Algorithm 1) at the configured (ε, δ).
+
+    ``features`` ``[n, ...]`` are public; ``labels`` ``[n]`` are the private class
+    indices. ``generator`` drives the sampling and the noise; by default a fresh
+    OS-seeded one (:func:`secure_torch_generator`) — pass one only in tests.
+    Returns the model (trained in place), its :class:`AccountingRecord` and history.
+    """
+    device = torch.device(config.device)
+    _check_model(model)
+    n = int(features.shape[0])
+    _check_data(features, labels, n, config)
+    x = features.to(device=device, dtype=torch.float32)
+    y = labels.to(device=device, dtype=torch.int64)
+    model.to(device)
+    gen = generator if generator is not None else secure_torch_generator(device)
+
+    steps_per_epoch = max(1, round(n / config.expected_batch_size))
+    total_steps = config.epochs * steps_per_epoch
+    q = config.expected_batch_size / n
+    amplification = amplification_for(config.denoiser)
+    sigma = calibrate_noise(
+        config.epsilon, config.delta, q, total_steps, amplification=amplification
+    )
+    record = account(sigma, q, total_steps, config.delta, amplification=amplification)
+
+    optimizer = _make_optimizer(model, config)
+    loop = _Loop(model, x, y, config, sigma, q, gen, optimizer)
+    history: list[EpochSummary] = []
+    started = time.perf_counter()
+    for epoch in range(config.epochs):
+        stats = _EpochStats(device)
+        epoch_start = time.perf_counter()
+        for step in range(steps_per_epoch):
+            loop.step(stats)
+            done = epoch * steps_per_epoch + step + 1
+            if report is not None:
+                report(_progress(epoch, done, total_steps, started, stats, config))
+        history.append(stats.summary(epoch, steps_per_epoch, time.perf_counter() - epoch_start))
+    return TrainingResult(model=model, accounting=record, history=history)
+
+
+class _Loop:
+    """One step of Algorithm 1 with fixed public parameters."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        config: LabelDPProConfig,
+        sigma: float,
+        q: float,
+        generator: torch.Generator,
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        self.model, self.x, self.y, self.config = model, x, y, config
+        self.sigma, self.q, self.gen, self.optimizer = sigma, q, generator, optimizer
+        self.n = int(x.shape[0])
+
+    def step(self, stats: _EpochStats) -> None:
+        cfg = self.config
+        params = trainable_parameters(self.model)
+        # Line 2, Poisson sampling: each example in I^G independently with rate q.
+        chosen = torch.rand(self.n, generator=self.gen, device=self.x.device) < self.q
+        batch = chosen.nonzero().squeeze(1)
+        clipped, loss_sum = clipped_gradient_sum(
+            self.model,
+            params,
+            self.x[batch],
+            self.y[batch],
+            clip_norm=cfg.clip_norm,
+            physical_batch_size=cfg.physical_batch_size,
+        )
+        noisy = privatize(
+            clipped,
+            noise_multiplier=self.sigma,
+            clip_norm=cfg.clip_norm,
+            expected_batch_size=cfg.expected_batch_size,
+            generator=self.gen,
+        )
+        denoised = denoise(
+            cfg.denoiser,
+            noisy,
+            self.model,
+            self._projection_inputs(batch),
+            cfg.num_classes,
+            steps=cfg.projection_steps,
+            step_size=cfg.projection_step_size,
+            smoothing=cfg.smoothing,
+            method=cfg.projection_method,
+        )
+        self._apply(params, denoised)
+        stats.add(batch.numel(), noisy, denoised, loss_sum if cfg.report_training_loss else None)
+
+    def _projection_inputs(self, batch: Tensor) -> Tensor | None:
+        """Features spanning the projection set (Table 1): ``I^G`` or a fresh ``I^P``."""
+        if self.config.denoiser == "noop":
+            return None
+        if self.config.denoiser == "alt-conv":
+            # I^P: n₂ examples uniformly without replacement, independent of I^G.
+            n2 = min(self.config.alt_batch_size, self.n)
+            alt = torch.randperm(self.n, generator=self.gen, device=self.x.device)[:n2]
+            return self.x[alt]
+        return self.x[batch]
+
+    def _apply(self, params: Params, gradient: Tensor) -> None:
+        """Line 7: hand ``ĝ`` to the optimizer as the parameters' gradient."""
+        grads = unflatten(gradient, params)
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                p.grad = grads[name].detach().clone()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+class _EpochStats:
+    """Running sums kept on the device, read once per epoch (no per-step sync)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.batch = 0
+        self.steps = 0
+        self.noisy = torch.zeros((), device=device)
+        self.denoised = torch.zeros((), device=device)
+        self.loss: Tensor | None = None
+        self.last_loss: Tensor | None = None
+
+    def add(self, batch_size: int, noisy: Tensor, denoised: Tensor, loss: Tensor | None) -> None:
+        self.batch += batch_size
+        self.steps += 1
+        self.noisy += torch.linalg.vector_norm(noisy)
+        self.denoised += torch.linalg.vector_norm(denoised)
+        if loss is not None:
+            mean = loss / max(batch_size, 1)
+            self.last_loss = mean
+            self.loss = mean if self.loss is None else self.loss + mean
+
+    def summary(self, epoch: int, steps: int, seconds: float) -> EpochSummary:
+        return EpochSummary(
+            epoch=epoch,
+            steps=steps,
+            seconds=seconds,
+            mean_batch_size=self.batch / steps,
+            noisy_gradient_norm=float(self.noisy) / steps,
+            denoised_gradient_norm=float(self.denoised) / steps,
+            loss=None if self.loss is None else float(self.loss) / steps,
+        )
+
+
+def _progress(
+    epoch: int,
+    done: int,
+    total: int,
+    started: float,
+    stats: _EpochStats,
+    config: LabelDPProConfig,
+) -> ProgressEvent:
+    elapsed = time.perf_counter() - started
+    loss = None
+    if config.report_training_loss and stats.last_loss is not None:
+        loss = float(stats.last_loss)
+    return ProgressEvent(
+        epoch=epoch,
+        step=done,
+        total_steps=total,
+        elapsed_seconds=elapsed,
+        eta_seconds=elapsed / done * (total - done),
+        loss=loss,
+    )
+
+
+def _make_optimizer(model: nn.Module, config: LabelDPProConfig) -> torch.optim.Optimizer:
+    """Table 8: SGD for the image tasks, RMSprop for Criteo; Adam and momentum too."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    lr = config.learning_rate
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if config.optimizer == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=config.momentum)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.RMSprop(params, lr=lr)
+
+
+def _check_model(model: nn.Module) -> None:
+    """Per-example gradients need examples that do not see each other."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise ValueError(
+                "models with batch normalization are not supported by DP-SGD: "
+                "batch statistics mix examples; use GroupNorm or LayerNorm"
+            )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("model has no trainable parameters")
+
+
+def _check_data(features: Tensor, labels: Tensor, n: int, config: LabelDPProConfig) -> None:
+    # Messages name the problem, never a label value or statistic (DESIGN.md §3.1).
+    if labels.dim() != 1 or int(labels.shape[0]) != n:
+        raise ValueError("labels must be a 1-D tensor with one entry per feature row")
+    if n < 1:
+        raise ValueError("no training examples")
+    if config.expected_batch_size > n:
+        raise ValueError("expected_batch_size must not exceed the number of examples")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError("labels must be integer class indices")
+    in_domain = bool(((labels >= 0) & (labels < config.num_classes)).all())
+    if not in_domain:
+        raise ValueError("labels must be class indices in [0, num_classes)")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)

@@ -1,0 +1,135 @@
+"""``/v1/datasets/{id}/trainings`` and ``/v1/trainings/{id}``: LabelDP-Pro model releases."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response, status
+from fastapi.responses import FileResponse
+from starlette.datastructures import UploadFile
+
+from label_party.auth import require
+from label_party.deps import PrincipalDep, SessionDep, SettingsDep, in_worker_thread
+from label_party.exception_handlers import responses
+from label_party.exceptions import InvalidRequestError
+from label_party.labels.endpoints import multipart_body
+from label_party.labels.validation import file_format
+from label_party.trainings import service
+from label_party.trainings.schemas import TrainingRead
+
+router = APIRouter(tags=["trainings"])
+
+TRAINING_BODY = multipart_body(
+    "public features: .parquet, .csv or .jsonl with example_id and numeric columns",
+    {"spec": {"type": "string", "description": "JSON training spec (TrainingSpec)"}},
+)
+
+
+@router.post(
+    "/v1/datasets/{dataset_id}/trainings",
+    status_code=status.HTTP_201_CREATED,
+    response_model=TrainingRead,
+    responses={
+        200: {"model": TrainingRead, "description": "Idempotent replay: nothing spent"},
+        **responses(401, 403, 404, 409, 413, 422),
+    },
+    openapi_extra=TRAINING_BODY,
+    summary="Spend (ε, δ) on a LabelDP-Pro model trained on your features (admin, granted client)",
+    description="Multipart `file` (public features: `example_id` and numeric columns) and "
+    "`spec` (JSON: `epsilon`, `delta` (default 1/n), `denoiser`, `architecture`, "
+    "`epochs`, …). Classification datasets only. The budget is charged now, in the "
+    "request's transaction, and never refunded; 409 `budget_exceeded` stores nothing. "
+    "A labels-party worker trains the model; follow `GET /v1/trainings/{id}`.",
+)
+async def create_training(
+    dataset_id: str,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+) -> TrainingRead:
+    require(principal, "admin", "client")
+    form = await request.form(max_files=1, max_fields=10)
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise InvalidRequestError("the multipart field 'file' is required")
+        raw_spec = form.get("spec")
+        spec = service.parse_spec(raw_spec if isinstance(raw_spec, str) else None)
+        fmt = file_format(upload.filename, upload.content_type)
+        source = upload.file
+
+        def work() -> tuple[TrainingRead, bool]:
+            training, created = service.create(
+                session, settings, principal, dataset_id, spec, source, fmt
+            )
+            return service.to_read(session, training), created
+
+        read, created = await in_worker_thread(work)
+    finally:
+        await form.close()
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return read
+
+
+@router.get(
+    "/v1/datasets/{dataset_id}/trainings",
+    response_model=list[TrainingRead],
+    responses=responses(401, 403, 404),
+    summary="Trainings of a dataset (a client: its own)",
+)
+def list_trainings(
+    dataset_id: str, session: SessionDep, principal: PrincipalDep
+) -> list[TrainingRead]:
+    return service.list_visible(session, principal, dataset_id)
+
+
+@router.get(
+    "/v1/trainings/{training_id}",
+    response_model=TrainingRead,
+    responses=responses(401, 403, 404),
+    summary="A training: status, progress, and its accounting record once done",
+)
+def get_training(training_id: str, session: SessionDep, principal: PrincipalDep) -> TrainingRead:
+    return service.to_read(session, service.get_visible(session, principal, training_id))
+
+
+@router.delete(
+    "/v1/trainings/{training_id}",
+    response_model=TrainingRead,
+    responses=responses(401, 403, 404, 409),
+    summary="Cancel a queued or running training (its budget stays spent)",
+)
+async def cancel_training(
+    training_id: str, session: SessionDep, principal: PrincipalDep
+) -> TrainingRead:
+    def work() -> TrainingRead:
+        return service.to_read(session, service.cancel(session, principal, training_id))
+
+    return await in_worker_thread(work)
+
+
+@router.get(
+    "/v1/trainings/{training_id}/model",
+    response_class=FileResponse,
+    responses={
+        200: {
+            "description": "The model artifact (`labeldp-model/1`, "
+            "`torch.load(path, weights_only=True)`); the same bytes every time",
+            "content": {"application/octet-stream": {}},
+        },
+        **responses(401, 403, 404, 409),
+    },
+    summary="Download a trained model (free: the persisted bytes)",
+)
+def download_model(
+    training_id: str, session: SessionDep, settings: SettingsDep, principal: PrincipalDep
+) -> FileResponse:
+    training, path = service.model_file(session, settings, principal, training_id)
+    sha = training.model_sha256 or ""
+    return FileResponse(
+        path,
+        media_type="application/octet-stream",
+        filename=f"training-{training.id}.pt",
+        headers={"X-Content-SHA256": sha, "ETag": f'"{sha}"'},
+    )

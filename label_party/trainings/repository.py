@@ -1,0 +1,28 @@
+"""SQL of trainings: lookups, and the shared lease queue on the ``trainings`` table."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from label_party.models import Training, utcnow
+from shared.lease_queue import LeaseQueue
+
+
+def queue(session: Session) -> LeaseQueue[Training]:
+    return LeaseQueue(session, Training, clock=utcnow)
+
+
+def by_idempotency_key(session: Session, dataset_id: str, key: str) -> Training | None:
+    return session.scalars(
+        select(Training).where(Training.dataset_id == dataset_id, Training.idempotency_key == key)
+    ).first()
+
+
+def list_for_dataset(
+    session: Session, dataset_id: str, *, created_by: str | None = None
+) -> list[Training]:
+    query = select(Training).where(Training.dataset_id == dataset_id)
+    if created_by is not None:
+        query = query.where(Training.created_by == created_by)
+    return list(session.scalars(query.order_by(Training.created_at, Training.id)))

@@ -1,0 +1,79 @@
+"""Wire shapes of LabelDP-Pro trainings."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shared.lease_queue import Status
+from shared.protocol import PrivacyAmount
+
+Denoiser = Literal["noop", "self-span", "self-conv", "alt-conv"]
+Optimizer = Literal["sgd", "momentum", "adam", "rmsprop"]
+
+
+class TrainingSpec(BaseModel):
+    """The multipart ``spec`` field of ``POST /v1/datasets/{id}/trainings``.
+
+    Everything here is public configuration. ``delta`` defaults to 1/n, n the
+    number of labelled examples the features cover; ``expected_batch_size`` to
+    min(1024, n); ``projection_steps`` and ``smoothing`` to the paper's values
+    (Appendix D.4, §3.3). ``architecture`` ``cnn`` is ``labeldp-pro.txt`` Table 10a's
+    CNN over ``image_shape`` (the numeric columns are the pixels, row-major);
+    ``mlp`` a fully connected net with ``hidden`` layers.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    epsilon: PrivacyAmount = Field(gt=0)
+    delta: PrivacyAmount | None = Field(default=None, gt=0, lt=1)
+    denoiser: Denoiser = "alt-conv"
+    architecture: Literal["cnn", "mlp"] = "cnn"
+    image_shape: tuple[int, int, int] = (1, 28, 28)
+    hidden: list[int] = Field(default_factory=lambda: [128, 64], max_length=8)
+    epochs: int = Field(default=5, ge=1, le=10_000)
+    expected_batch_size: int | None = Field(default=None, ge=1)
+    clip_norm: float = Field(default=1.0, gt=0)
+    learning_rate: float = Field(default=0.1, gt=0)
+    optimizer: Optimizer = "sgd"
+    alt_batch_size: int = Field(default=64, ge=1)
+    projection_steps: int | None = Field(default=None, ge=0, le=100_000)
+    smoothing: float | None = Field(default=None, ge=0, le=1)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _shapes(self) -> TrainingSpec:
+        if any(d < 1 for d in self.image_shape):
+            raise ValueError("image_shape entries must be positive")
+        if any(h < 1 for h in self.hidden):
+            raise ValueError("hidden layer widths must be positive")
+        return self
+
+
+class TrainingRead(BaseModel):
+    """A training. ``epsilon``/``delta`` were charged when it was accepted;
+    ``accounting`` (the accountant's record) and ``sha256`` (of the model
+    artifact, ``GET /v1/trainings/{id}/model``) appear once it succeeded."""
+
+    id: str
+    dataset_id: str
+    status: Status
+    epsilon: PrivacyAmount
+    delta: PrivacyAmount
+    spec: dict[str, Any]
+    num_examples: int
+    features_sha256: str
+    progress: dict[str, Any] | None = Field(
+        default=None, description="epoch, step, total_steps, eta_seconds, elapsed_seconds"
+    )
+    accounting: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
+    sha256: str | None = None
+    error: str | None = None
+    attempts: int
+    idempotency_key: str | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None

@@ -1,0 +1,363 @@
+"""Accept, read and cancel LabelDP-Pro trainings.
+
+Accepting a training is one transaction, ordered like a release (DESIGN.md §3.3):
+lock the dataset row → replay an idempotent request (spends nothing) → validate
+the public features and spec → reserve (ε, δ) in the ledger (or 409
+``budget_exceeded``, nothing stored) → store the features file named by its
+SHA-256 → insert the queued training row and the ``training.reserved`` audit
+entry → commit. The worker (:mod:`label_party.trainings.worker`) trains later.
+
+**The budget is charged when the training is accepted and never refunded**, even
+if the training later fails or is cancelled. A failure can happen after the
+worker has already computed label-dependent noisy gradients (or, with a crash,
+after a model was written), and whether and when it failed is itself observable
+by the features party; refunding would make the spend depend on what happened
+to the private computation. Charging up front is the conservative reading of
+§3.3: the reservation commits before anything label-dependent exists.
+
+Features are public by assumption (``labeldp-pro.txt`` §2): only their
+``example_id`` and numeric columns are accepted; categorical columns are refused
+(422) in this version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from label_party.audit import service as audit
+from label_party.auth import Principal, require, visible_dataset
+from label_party.config import Settings
+from label_party.datasets.domain import parse_domain
+from label_party.exceptions import (
+    ConflictError,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    NotFoundError,
+)
+from label_party.labels.validation import FileFormat
+from label_party.ledger import service as ledger
+from label_party.ledger.accounting import Cost
+from label_party.ledger.units import (
+    DELTA_SCALE,
+    delta_decimal,
+    delta_units,
+    epsilon_decimal,
+    epsilon_units,
+)
+from label_party.models import Dataset, LedgerEntry, Training
+from label_party.storage import labels_path
+from label_party.trainings import repository
+from label_party.trainings.schemas import TrainingRead, TrainingSpec
+from shared.lease_queue import Status
+from shared.parquet import publish_by_hash, temp_path
+
+logger = logging.getLogger("label_party.trainings")
+
+#: Expected batch size when the spec gives none (capped at n).
+DEFAULT_BATCH = 1024
+
+
+def features_path(settings: Settings, sha256: str) -> Path:
+    return settings.trainings_dir / "features" / f"{sha256}.parquet"
+
+
+def models_dir(settings: Settings) -> Path:
+    return settings.trainings_dir / "models"
+
+
+def model_path(settings: Settings, sha256: str) -> Path:
+    return models_dir(settings) / f"{sha256}.pt"
+
+
+# -- the features file ------------------------------------------------------------------
+
+
+def _read_any(source: IO[bytes], fmt: FileFormat) -> pa.Table:
+    """The uploaded table; parser messages are not passed on (they quote content)."""
+    try:
+        if fmt == "parquet":
+            return pq.read_table(source)
+        if fmt == "csv":
+            options = pcsv.ConvertOptions(column_types={"example_id": pa.string()})
+            return pcsv.read_csv(source, convert_options=options)
+        return pjson.read_json(source)
+    except (pa.ArrowException, OSError):
+        raise InvalidRequestError(f"the features file could not be read as {fmt}") from None
+
+
+def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
+    """``example_id`` (string, unique, present) plus the numeric columns as float32,
+    in file order. Only column names and row numbers appear in errors."""
+    table = _read_any(source, fmt)
+    if "example_id" not in table.column_names:
+        raise InvalidRequestError("the features file needs an example_id column")
+    names = [c for c in table.column_names if c != "example_id"]
+    if not names:
+        raise InvalidRequestError("the features file has no feature columns")
+    bad = [c for c in names if not _numeric(table.schema.field(c).type)]
+    if bad:
+        raise InvalidRequestError(
+            "only numeric feature columns are supported for LabelDP-Pro training; "
+            "categorical columns are not (yet)",
+            {"non_numeric_columns": bad[:100]},
+        )
+    ids = pc.cast(table.column("example_id"), pa.string())
+    if ids.null_count:
+        raise InvalidRequestError("example_id is missing in some rows")
+    if len(pc.unique(ids)) != table.num_rows:
+        raise InvalidRequestError("example_id values must be unique")
+    columns = {"example_id": ids}
+    columns.update({c: pc.cast(table.column(c), pa.float32()) for c in names})
+    return pa.table(columns)
+
+
+def _numeric(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind))
+
+
+def _store_features(settings: Settings, table: pa.Table) -> str:
+    tmp = temp_path(settings.trainings_dir / "tmp", ".parquet")
+    try:
+        pq.write_table(table, tmp, compression="snappy")
+        _final, sha = publish_by_hash(tmp, settings.trainings_dir / "features")
+    finally:
+        tmp.unlink(missing_ok=True)
+    return sha
+
+
+def _labelled_count(settings: Settings, dataset: Dataset, table: pa.Table) -> int:
+    """How many feature rows have a label: reads the label *ids* only."""
+    label_ids = pq.read_table(labels_path(settings, dataset), columns=["example_id"])
+    return int(
+        pc.sum(pc.is_in(table.column("example_id"), value_set=label_ids.column(0))).as_py() or 0
+    )
+
+
+# -- the spec -----------------------------------------------------------------------------
+
+
+def parse_spec(text: str | None) -> TrainingSpec:
+    if text is None:
+        raise InvalidRequestError("the multipart field 'spec' (JSON) is required")
+    try:
+        return TrainingSpec.model_validate_json(text)
+    except ValidationError as exc:
+        raise InvalidRequestError(
+            "invalid training spec",
+            [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()],
+        ) from None
+
+
+def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, Any], int]:
+    """The spec with its defaults filled in (as stored and put in the artifact),
+    and δ in ledger units (default ⌊10¹⁸/n⌋, i.e. δ ≤ 1/n)."""
+    if spec.architecture == "cnn":
+        c, h, w = spec.image_shape
+        if c * h * w != num_features:
+            raise InvalidRequestError(
+                f"architecture cnn with image_shape {list(spec.image_shape)} needs "
+                f"{c * h * w} numeric columns; the file has {num_features}"
+            )
+        if min(h, w) < 10:
+            raise InvalidRequestError("the cnn needs images of at least 10×10 pixels")
+    batch = spec.expected_batch_size or min(DEFAULT_BATCH, n)
+    if batch > n:
+        raise InvalidRequestError(
+            f"expected_batch_size must not exceed the {n} labelled examples the features cover"
+        )
+    delta = delta_units(spec.delta) if spec.delta is not None else DELTA_SCALE // n
+    data = spec.model_dump(mode="json", exclude={"idempotency_key"})
+    data.update(expected_batch_size=batch, delta=float(delta_decimal(delta)))
+    return data, delta
+
+
+def fingerprint(spec: TrainingSpec, upload_sha256: str) -> str:
+    data = spec.model_dump(mode="json", exclude={"idempotency_key"})
+    return hashlib.sha256(audit.canonical([data, upload_sha256]).encode()).hexdigest()
+
+
+def upload_digest(source: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    source.seek(0)
+    while block := source.read(1 << 22):
+        digest.update(block)
+    source.seek(0)
+    return digest.hexdigest()
+
+
+# -- accept ---------------------------------------------------------------------------------
+
+
+def create(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    dataset_id: str,
+    spec: TrainingSpec,
+    source: IO[bytes],
+    fmt: FileFormat,
+) -> tuple[Training, bool]:
+    """The training for this request and whether it was made now (False: a replay)."""
+    require(principal, "admin", "client")
+    dataset = visible_dataset(session, principal, dataset_id)
+    dataset = ledger.lock_dataset(session, dataset.id)
+    digest = fingerprint(spec, upload_digest(source))
+    if spec.idempotency_key is not None:
+        existing = repository.by_idempotency_key(session, dataset.id, spec.idempotency_key)
+        if existing is not None:
+            if existing.request_fingerprint != digest or existing.created_by != principal.id:
+                raise IdempotencyConflictError(
+                    "this idempotency key was used for a different request"
+                )
+            return existing, False
+    domain = parse_domain(dataset.task, dataset.label_domain)
+    if dataset.task != "classification":
+        raise InvalidRequestError(
+            "LabelDP-Pro trains classifiers: the dataset must be classification"
+        )
+    if dataset.labels_sha256 is None:
+        raise ConflictError("the dataset has no labels yet")
+    table = read_features(source, fmt)
+    n = _labelled_count(settings, dataset, table)
+    if n == 0:
+        raise InvalidRequestError("no feature row matches a labelled example_id")
+    resolved, delta = _resolved(spec, n, table.num_columns - 1)
+    resolved["num_classes"] = domain.size
+    cost = Cost(epsilon_units(spec.epsilon), delta, None)
+    entry = ledger.reserve(session, principal, dataset, cost, what="training")
+    sha = _store_features(settings, table)
+    training = _insert(session, principal, dataset, entry, resolved, sha, n, spec, digest)
+    logger.info(
+        "training accepted",
+        extra={"fields": {"training_id": training.id, "dataset_id": dataset.id}},
+    )
+    return training, True
+
+
+def _insert(
+    session: Session,
+    principal: Principal,
+    dataset: Dataset,
+    entry: LedgerEntry,
+    resolved: dict[str, Any],
+    features_sha256: str,
+    n: int,
+    spec: TrainingSpec,
+    digest: str,
+) -> Training:
+    training = Training(
+        id=str(uuid.uuid4()),
+        dataset_id=dataset.id,
+        ledger_entry_id=entry.id,
+        created_by=principal.id,
+        spec=resolved,
+        features_sha256=features_sha256,
+        num_examples=n,
+        idempotency_key=spec.idempotency_key,
+        request_fingerprint=digest,
+        status=Status.QUEUED,
+        attempts=0,
+    )
+    session.add(training)
+    session.flush()
+    audit.append(
+        session,
+        actor=principal.id,
+        action="training.reserved",
+        dataset_id=dataset.id,
+        payload={
+            "training_id": training.id,
+            "ledger_entry_id": entry.id,
+            "epsilon_units": entry.epsilon,
+            "delta_units": entry.delta,
+            "parts": None,
+            "denoiser": resolved["denoiser"],
+            "num_examples": n,
+            "features_sha256": features_sha256,
+        },
+    )
+    return training
+
+
+# -- read, cancel ----------------------------------------------------------------------------
+
+
+def get_visible(session: Session, principal: Principal, training_id: str) -> Training:
+    """Admin: any training; client: its own; auditor: none (403) — as for releases."""
+    require(principal, "admin", "client")
+    training = session.get(Training, training_id)
+    if training is None or (principal.role == "client" and training.created_by != principal.id):
+        raise NotFoundError(f"training {training_id} not found")
+    return training
+
+
+def cancel(session: Session, principal: Principal, training_id: str) -> Training:
+    """Cancel a queued or running training (its budget stays spent: see above)."""
+    training = get_visible(session, principal, training_id)
+    if not repository.queue(session).cancel(training.id):
+        raise ConflictError(f"training {training_id} is already {training.status}")
+    session.refresh(training)
+    audit.append(
+        session,
+        actor=principal.id,
+        action="training.cancelled",
+        dataset_id=training.dataset_id,
+        payload={"training_id": training.id},
+    )
+    return training
+
+
+def model_file(
+    session: Session, settings: Settings, principal: Principal, training_id: str
+) -> tuple[Training, Path]:
+    training = get_visible(session, principal, training_id)
+    if training.status != Status.SUCCEEDED or training.model_sha256 is None:
+        raise ConflictError(f"training {training_id} has no model (it is {training.status})")
+    return training, model_path(settings, training.model_sha256)
+
+
+def list_visible(session: Session, principal: Principal, dataset_id: str) -> list[TrainingRead]:
+    require(principal, "admin", "client")
+    dataset = visible_dataset(session, principal, dataset_id)
+    own = principal.id if principal.role == "client" else None
+    return [
+        to_read(session, t)
+        for t in repository.list_for_dataset(session, dataset.id, created_by=own)
+    ]
+
+
+def to_read(session: Session, training: Training) -> TrainingRead:
+    entry = session.get(LedgerEntry, training.ledger_entry_id)
+    assert entry is not None
+    return TrainingRead(
+        id=training.id,
+        dataset_id=training.dataset_id,
+        status=Status(training.status),
+        epsilon=epsilon_decimal(entry.epsilon),
+        delta=delta_decimal(entry.delta),
+        spec=training.spec,
+        num_examples=training.num_examples,
+        features_sha256=training.features_sha256,
+        progress=training.progress,
+        accounting=training.accounting,
+        metrics=training.metrics,
+        sha256=training.model_sha256,
+        error=training.error,
+        attempts=training.attempts,
+        idempotency_key=training.idempotency_key,
+        created_at=training.created_at,
+        started_at=training.started_at,
+        finished_at=training.finished_at,
+    )

@@ -1,0 +1,316 @@
+"""The labels-party worker: claims queued trainings and runs LabelDP-Pro.
+
+``labeldp label-party worker`` runs this loop against the service's database
+(the shared lease queue, :mod:`shared.lease_queue`: ``FOR UPDATE SKIP LOCKED`` on
+Postgres, one worker on SQLite). For each training it
+
+1. joins the stored public features with the private labels by ``example_id``
+   (one Arrow hash join, no per-row Python);
+2. standardizes each feature column with its mean and standard deviation over
+   the *features file* — public statistics, no label involved — which become the
+   artifact's preprocessing, so prediction transforms rows exactly the same way;
+3. builds ``shared.torch_models.ImageCNN`` (``labeldp-pro.txt`` Table 10a) or
+   ``TabularMLP`` and calls :func:`label_party.labeldp_pro.train_labeldp_pro`
+   on CUDA when the worker has it (``LABELDP_TRAINING_DEVICE``);
+4. writes the ``labeldp-model/1`` artifact (:mod:`shared.artifact`) named by its
+   SHA-256 and marks the training succeeded, with an audit entry, in one
+   transaction guarded on the lease (a worker that lost its lease writes nothing).
+
+A heartbeat thread renews the lease and publishes progress; a training that is
+cancelled, or taken over after this worker stalled, stops at the next step.
+Nothing is refunded when a training fails (see :mod:`label_party.trainings.service`).
+A training given back to the queue (SIGTERM, a dead worker) restarts from
+scratch with fresh noise: the interrupted run's noisy gradients never left this
+process, and only the one model that succeeds is released, so the charge covers it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from label_party.audit import service as audit
+from label_party.config import Settings
+from label_party.datasets.domain import parse_domain
+from label_party.db import Database, transaction
+from label_party.models import Dataset, Training, utcnow
+from label_party.storage import labels_path
+from label_party.trainings import repository
+from label_party.trainings.service import features_path, models_dir
+from shared.parquet import publish_by_hash, temp_path
+
+log = logging.getLogger("label_party.trainings.worker")
+
+#: A training whose worker died this many times fails instead of looping.
+MAX_ATTEMPTS = 3
+
+
+class TrainingInterruptedError(Exception):
+    """Training stopped: cancelled, taken over, or the worker is shutting down."""
+
+
+@dataclass
+class _Shared:
+    """What the training thread and the heartbeat thread share."""
+
+    progress: dict[str, Any] | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    lost: bool = False
+
+
+@dataclass
+class Prepared:
+    """A training's inputs: standardized features, labels, and the public statistics."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    columns: list[str]
+    means: list[float]
+    stds: list[float]
+    num_classes: int
+
+
+def prepare(features: pa.Table, labels: pa.Table, num_classes: int) -> Prepared:
+    """Join by ``example_id`` and standardize with statistics of ``features`` alone."""
+    columns = [c for c in features.column_names if c != "example_id"]
+    means, stds = [], []
+    for name in columns:
+        values = np.asarray(pc.fill_null(features.column(name), np.nan).to_numpy(), np.float64)
+        finite = values[np.isfinite(values)]
+        std = float(finite.std()) if finite.size else 1.0
+        means.append(float(finite.mean()) if finite.size else 0.0)
+        stds.append(std if std > 1e-12 else 1.0)
+    labels = labels.select(["example_id", "label"]).cast(
+        pa.schema([("example_id", pa.string()), ("label", pa.float64())])
+    )
+    joined = features.join(labels, keys="example_id", join_type="inner")
+    matrix = np.column_stack(
+        [np.asarray(pc.fill_null(joined.column(c), np.nan).to_numpy(), np.float64) for c in columns]
+    )
+    scaled = (matrix - np.asarray(means)) / np.asarray(stds)
+    x = np.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0).astype(np.float32)
+    y = np.asarray(joined.column("label").to_numpy(), np.float64).astype(np.int64)
+    return Prepared(x, y, columns, means, stds, num_classes)
+
+
+def public_error(exc: Exception) -> str:
+    """The error a training's readers see. Checks of public inputs raise
+    ``ValueError`` with messages written to name the problem only (the library's
+    are label-free, DESIGN.md §3.1); anything else may quote data or paths, so
+    only its type is shown (the worker's log has the traceback)."""
+    if isinstance(exc, ValueError):
+        return f"{exc}"
+    return f"{type(exc).__name__} in the worker (see the worker's log)"
+
+
+def resolve_device(setting: str) -> str:
+    import torch
+
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("LABELDP_TRAINING_DEVICE=cuda but this worker has no CUDA device")
+    return setting
+
+
+class Worker:
+    def __init__(
+        self, database: Database, settings: Settings, *, worker_id: str | None = None
+    ) -> None:
+        self.db = database
+        self.settings = settings
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.shutdown = threading.Event()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            log.info("signal %s: finishing up", signum)
+            self.shutdown.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self, *, once: bool = False) -> int:
+        """Work until shut down (with ``once``: until the queue is empty); returns
+        the number of trainings run."""
+        ran = 0
+        while not self.shutdown.is_set():
+            training_id = self.claim()
+            if training_id is None:
+                if once:
+                    break
+                self.shutdown.wait(self.settings.worker_poll_seconds)
+                continue
+            self.run_training(training_id)
+            ran += 1
+        return ran
+
+    def claim(self) -> str | None:
+        try:
+            with transaction(self.db.writer) as session:
+                queue = repository.queue(session)
+                now = utcnow()
+                queue.fail_exhausted(max_attempts=MAX_ATTEMPTS, now=now)
+                row = queue.claim(
+                    worker_id=self.worker_id,
+                    lease_seconds=self.settings.worker_lease_seconds,
+                    now=now,
+                )
+                return row.id if row is not None else None
+        except Exception:  # a busy SQLite, a Postgres failover: try again next poll
+            log.exception("claiming a training failed")
+            return None
+
+    # -- one training -------------------------------------------------------------------
+
+    def _load(self, training_id: str) -> tuple[dict[str, Any], Prepared]:
+        with transaction(self.db.reader) as session:
+            training = session.get(Training, training_id)
+            assert training is not None
+            dataset = session.get(Dataset, training.dataset_id)
+            assert dataset is not None
+            spec = dict(training.spec)
+            features_file = features_path(self.settings, training.features_sha256)
+            labels_file = labels_path(self.settings, dataset)
+            num_classes = parse_domain(dataset.task, dataset.label_domain).size
+        prepared = prepare(pq.read_table(features_file), pq.read_table(labels_file), num_classes)
+        return spec, prepared
+
+    def run_training(self, training_id: str) -> None:
+        shared = _Shared()
+        beat = threading.Thread(target=self._heartbeat, args=(training_id, shared), daemon=True)
+        beat.start()
+        log.info("training %s: started", training_id)
+        try:
+            spec, prepared = self._load(training_id)
+            artifact, accounting, metrics = self._train(spec, prepared, shared)
+        except TrainingInterruptedError:
+            shared.stop.set()
+            beat.join()
+            self._after_interrupt(training_id, lost=shared.lost)
+            return
+        except Exception as exc:
+            shared.stop.set()
+            beat.join()
+            log.error("training %s failed: %s", training_id, traceback.format_exc())
+            self._finish_failed(training_id, public_error(exc))
+            return
+        shared.stop.set()
+        beat.join()
+        self._record_success(training_id, artifact, accounting, metrics, shared.progress)
+
+    def _train(
+        self, spec: dict[str, Any], data: Prepared, shared: _Shared
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        from label_party.trainings import training  # torch: only in the worker
+
+        device = resolve_device(self.settings.training_device)
+
+        def report(progress: dict[str, Any]) -> None:
+            shared.progress = progress
+            if shared.stop.is_set() or self.shutdown.is_set():
+                raise TrainingInterruptedError("stop requested")
+
+        started = time.perf_counter()
+        result = training.train(
+            spec, data, device=device, report=report, seed=self.settings.test_seed
+        )
+        metrics = {
+            "seconds": time.perf_counter() - started,
+            "device": device,
+            "num_examples": int(data.features.shape[0]),
+            "history": [asdict(h) for h in result.history],
+        }
+        accounting = result.accounting.to_dict()
+        if accounting["epsilon"] > spec["epsilon"] or accounting["delta"] > spec["delta"]:
+            # Never release a model whose accounted (ε, δ) exceeds what was charged.
+            raise RuntimeError("the accountant's (ε, δ) exceeds the reserved budget")
+        artifact = training.artifact(spec, data, result, metrics)
+        return artifact, accounting, metrics
+
+    def _heartbeat(self, training_id: str, shared: _Shared) -> None:
+        while not shared.stop.wait(self.settings.worker_heartbeat_seconds):
+            try:
+                with transaction(self.db.writer) as session:
+                    ours = repository.queue(session).heartbeat(
+                        training_id,
+                        self.worker_id,
+                        lease_seconds=self.settings.worker_lease_seconds,
+                        progress=shared.progress,
+                    )
+            except Exception:
+                log.exception("heartbeat failed for training %s", training_id)
+                continue
+            if not ours:
+                log.warning("training %s is no longer ours (cancelled or re-claimed)", training_id)
+                shared.lost = True
+                shared.stop.set()
+
+    def _after_interrupt(self, training_id: str, *, lost: bool) -> None:
+        if lost:
+            return
+        with transaction(self.db.writer) as session:
+            repository.queue(session).release(training_id, self.worker_id)
+        log.info("training %s: given back to the queue", training_id)
+
+    def _finish_failed(self, training_id: str, error: str) -> None:
+        with transaction(self.db.writer) as session:
+            if repository.queue(session).fail(training_id, self.worker_id, error=error):
+                self._audit(session, training_id, "training.failed", {})
+
+    def _record_success(
+        self,
+        training_id: str,
+        artifact: dict[str, Any],
+        accounting: dict[str, Any],
+        metrics: dict[str, Any],
+        progress: dict[str, Any] | None,
+    ) -> None:
+        from shared.artifact import save_artifact_file
+
+        tmp = temp_path(self.settings.trainings_dir / "tmp", ".pt")
+        try:
+            save_artifact_file(tmp, artifact)
+            _final, sha = publish_by_hash(tmp, models_dir(self.settings), ".pt")
+        finally:
+            tmp.unlink(missing_ok=True)
+        with transaction(self.db.writer) as session:
+            ok = repository.queue(session).succeed(
+                training_id,
+                self.worker_id,
+                model_sha256=sha,
+                accounting=accounting,
+                metrics=metrics,
+                progress=progress,
+            )
+            if ok:
+                self._audit(
+                    session, training_id, "training.succeeded", {"sha256": sha, **accounting}
+                )
+        if ok:
+            log.info("training %s: succeeded, model %s", training_id, sha)
+        else:
+            log.warning("training %s finished but is no longer ours; result dropped", training_id)
+
+    def _audit(self, session: Any, training_id: str, action: str, payload: dict[str, Any]) -> None:
+        training = session.get(Training, training_id)
+        audit.append(
+            session,
+            actor="worker",
+            action=action,
+            dataset_id=training.dataset_id if training else None,
+            payload={"training_id": training_id, "worker_id": self.worker_id, **payload},
+        )

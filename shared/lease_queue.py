@@ -1,0 +1,192 @@
+"""A durable work queue in one database table, with leases (DESIGN.md §5).
+
+Both parties run one: the features party's training jobs
+(``feature_party.jobs``) and the labels party's LabelDP-Pro trainings
+(``label_party.trainings``). A row's life::
+
+    queued ──claim──▶ running ──▶ succeeded
+      ▲                  │    └──▶ failed      (error says why)
+      └──lease expired───┘
+    queued / running ──cancel──▶ cancelled
+
+Every state change is a guarded ``UPDATE … WHERE`` on the expected state, so two
+workers can never both win a transition; on Postgres the claim also selects with
+``FOR UPDATE SKIP LOCKED`` so concurrent workers pick different rows instead of
+queueing on one (SQLite ignores the clause and serializes writers; run a single
+worker there). A running row holds a *lease* its worker renews with each
+heartbeat; when a worker dies the lease expires and the next claim takes the row
+again (``attempts`` + 1).
+
+:class:`LeaseQueue` is parameterized by the ORM class of the table, which must
+have the columns ``id, status, worker_id, attempts, lease_expires_at,
+created_at, started_at, finished_at, progress, error``, and by a clock (the
+features party stores naive UTC, the labels party aware UTC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy.orm import Session
+
+__all__ = ["LeaseQueue", "Status"]
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    """Waiting for a worker (new, or taken back after its worker's lease expired)."""
+    RUNNING = "running"
+    """A worker holds the lease and is working."""
+    SUCCEEDED = "succeeded"
+    """Finished with a result. Final."""
+    FAILED = "failed"
+    """Stopped by an error in the work itself (``error``). Final."""
+    CANCELLED = "cancelled"
+    """Cancelled by a user. Final."""
+
+    @property
+    def is_final(self) -> bool:
+        return self in {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED}
+
+
+RowT = TypeVar("RowT")
+
+
+class LeaseQueue(Generic[RowT]):
+    """The queue's SQL on one table, inside the caller's session (it never commits)."""
+
+    def __init__(
+        self, session: Session, table: type[RowT], *, clock: Callable[[], datetime]
+    ) -> None:
+        self.session = session
+        self.table = table
+        self.clock = clock
+        self._t: Any = table  # column attributes, untyped for the generic class
+
+    def _rowcount(self, statement: Any) -> int:
+        result: Any = self.session.execute(statement)
+        return int(result.rowcount)
+
+    def _mine(self, row_id: str, worker_id: str) -> ColumnElement[bool]:
+        t = self._t
+        return and_(t.id == row_id, t.worker_id == worker_id, t.status == Status.RUNNING)
+
+    def claim(self, *, worker_id: str, lease_seconds: float, now: datetime) -> RowT | None:
+        """Take the oldest queued row, or a running one whose lease expired."""
+        t = self._t
+        claimable = or_(
+            t.status == Status.QUEUED,
+            and_(t.status == Status.RUNNING, t.lease_expires_at < now),
+        )
+        candidate = self.session.execute(
+            select(t.id)
+            .where(claimable)
+            .order_by(t.created_at, t.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        ).first()
+        if candidate is None:
+            return None
+        won = self._rowcount(
+            update(t)
+            .where(t.id == candidate.id, claimable)
+            .values(
+                status=Status.RUNNING,
+                worker_id=worker_id,
+                attempts=t.attempts + 1,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                started_at=now,
+            )
+        )
+        if won != 1:
+            return None
+        return self.session.get(self.table, candidate.id, populate_existing=True)
+
+    def heartbeat(
+        self, row_id: str, worker_id: str, *, lease_seconds: float, progress: dict[str, Any] | None
+    ) -> bool:
+        """Renew the lease (and publish progress); False if the row is no longer ours."""
+        values: dict[str, Any] = {
+            "lease_expires_at": self.clock() + timedelta(seconds=lease_seconds)
+        }
+        if progress is not None:
+            values["progress"] = progress
+        return (
+            self._rowcount(update(self._t).where(self._mine(row_id, worker_id)).values(**values))
+            == 1
+        )
+
+    def succeed(self, row_id: str, worker_id: str, **values: Any) -> bool:
+        """Finish a row we hold, setting ``values`` too; False if it is no longer ours."""
+        return (
+            self._rowcount(
+                update(self._t)
+                .where(self._mine(row_id, worker_id))
+                .values(
+                    status=Status.SUCCEEDED,
+                    finished_at=self.clock(),
+                    lease_expires_at=None,
+                    **values,
+                )
+            )
+            == 1
+        )
+
+    def fail(self, row_id: str, worker_id: str, *, error: str) -> bool:
+        return (
+            self._rowcount(
+                update(self._t)
+                .where(self._mine(row_id, worker_id))
+                .values(
+                    status=Status.FAILED,
+                    error=error,
+                    finished_at=self.clock(),
+                    lease_expires_at=None,
+                )
+            )
+            == 1
+        )
+
+    def release(self, row_id: str, worker_id: str) -> bool:
+        """Give a running row back to the queue (worker shutting down)."""
+        return (
+            self._rowcount(
+                update(self._t)
+                .where(self._mine(row_id, worker_id))
+                .values(status=Status.QUEUED, worker_id=None, lease_expires_at=None)
+            )
+            == 1
+        )
+
+    def fail_exhausted(self, *, max_attempts: int, now: datetime) -> int:
+        """Rows whose workers died ``max_attempts`` times fail instead of looping."""
+        t = self._t
+        return self._rowcount(
+            update(t)
+            .where(
+                t.status == Status.RUNNING,
+                t.lease_expires_at < now,
+                t.attempts >= max_attempts,
+            )
+            .values(
+                status=Status.FAILED,
+                error=f"the worker stopped responding {max_attempts} times",
+                finished_at=now,
+            )
+        )
+
+    def cancel(self, row_id: str) -> bool:
+        """Cancel a queued or running row; False if it is already final."""
+        t = self._t
+        return (
+            self._rowcount(
+                update(t)
+                .where(t.id == row_id, t.status.in_([Status.QUEUED, Status.RUNNING]))
+                .values(status=Status.CANCELLED, finished_at=self.clock(), lease_expires_at=None)
+            )
+            == 1
+        )

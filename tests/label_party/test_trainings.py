@@ -1,0 +1,269 @@
+"""LabelDP-Pro trainings through the real labels-party API (SQLite and Postgres):
+submit → the worker trains → the model downloads; the ledger and the audit log
+carry the training's (ε, δ); refusals spend nothing; access mirrors releases."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from label_party.config import Settings
+from label_party.db import connect
+from label_party.trainings.worker import Worker
+from shared.torch_models import build_model, model_config_from_dict
+from tests.label_party.conftest import Server
+from tests.label_party.helpers import create_client, parquet_bytes, upload_labels
+
+NUM_CLASSES = 3
+FAST = {"epochs": 1, "projection_steps": 3, "alt_batch_size": 8}
+#: A tabular spec that trains in well under a second (for tests about the API).
+CHEAP = {"architecture": "mlp", "hidden": [8], "denoiser": "noop", "epochs": 1}
+
+
+def _settings(server: Server) -> Settings:
+    return Settings.model_validate(
+        {
+            k.removeprefix("LABELDP_").lower(): v
+            for k, v in server.env.items()
+            if k.startswith("LABELDP_")
+        }
+    )
+
+
+def run_worker(server: Server) -> int:
+    """One in-process worker pass over the queue (what ``labeldp label-party worker
+    --once`` does); returns the number of trainings it ran."""
+    settings = _settings(server)
+    db = connect(settings.resolved_database_url)
+    try:
+        return Worker(db, settings, worker_id="test-worker").run(once=True)
+    finally:
+        db.dispose()
+
+
+def make_dataset(
+    admin: httpx.Client,
+    *,
+    n: int = 200,
+    task: str = "classification",
+    epsilon_budget: float = 10.0,
+    delta_budget: float = 0.01,
+) -> tuple[str, list[str], np.ndarray]:
+    domain = {"num_classes": NUM_CLASSES} if task == "classification" else {"min": 0, "max": 2}
+    r = admin.post(
+        "/v1/datasets",
+        json={
+            "name": "pro",
+            "task": task,
+            "label_domain": domain,
+            "epsilon_budget": epsilon_budget,
+            "delta_budget": delta_budget,
+        },
+    )
+    assert r.status_code == 201, r.text
+    dataset_id: str = r.json()["id"]
+    rng = np.random.default_rng(7)
+    ids = [f"e{i}" for i in range(n)]
+    labels = rng.integers(0, NUM_CLASSES, size=n)
+    r = upload_labels(admin, dataset_id, ids, labels.tolist())
+    assert r.status_code == 200, r.text
+    return dataset_id, ids, labels
+
+
+def tabular(ids: list[str], labels: np.ndarray, **extra: list[Any]) -> bytes:
+    """Four numeric features that carry the label, plus ``extra`` columns."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(len(ids), 4)) + labels[:, None]
+    columns: dict[str, list[Any]] = {"example_id": ids}
+    columns.update({f"x{j}": x[:, j].tolist() for j in range(4)})
+    columns.update(extra)
+    return parquet_bytes(columns)
+
+
+def images(ids: list[str], labels: np.ndarray) -> bytes:
+    rng = np.random.default_rng(5)
+    pixels = rng.random((len(ids), 28 * 28)) + labels[:, None] * 0.5
+    columns: dict[str, list[Any]] = {"example_id": ids}
+    columns.update({f"p{j}": pixels[:, j].tolist() for j in range(28 * 28)})
+    return parquet_bytes(columns)
+
+
+def submit(client: httpx.Client, dataset_id: str, features: bytes, **spec: Any) -> httpx.Response:
+    return client.post(
+        f"/v1/datasets/{dataset_id}/trainings",
+        files={"file": ("features.parquet", features)},
+        data={"spec": json.dumps(spec)},
+    )
+
+
+@pytest.fixture
+def granted(server: Server) -> tuple[httpx.Client, httpx.Client, str, list[str], np.ndarray]:
+    """(admin, a granted client, dataset id, example ids, labels)."""
+    admin = server.client()
+    dataset_id, ids, labels = make_dataset(admin)
+    client_id, token = create_client(admin)
+    assert admin.post(f"/v1/datasets/{dataset_id}/grants", json={"client_id": client_id}).is_success
+    return admin, server.client(token), dataset_id, ids, labels
+
+
+def test_cnn_training_charges_ledger_and_releases_a_model(server: Server, granted: Any) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    r = submit(client, dataset_id, images(ids, labels), epsilon=4, delta=1e-5,
+               expected_batch_size=100, **FAST)  # fmt: skip
+    assert r.status_code == 201, r.text
+    training = r.json()
+    assert training["status"] == "queued" and training["num_examples"] == len(ids)
+    assert training["spec"]["denoiser"] == "alt-conv"
+
+    budget = admin.get(f"/v1/datasets/{dataset_id}/budget").json()
+    assert budget["epsilon_spent"] == 4 and budget["delta_spent"] == pytest.approx(1e-5)
+    # Not downloadable before it trained.
+    assert client.get(f"/v1/trainings/{training['id']}/model").status_code == 409
+
+    assert run_worker(server) >= 1
+    done = client.get(f"/v1/trainings/{training['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+    assert done["progress"]["step"] == done["progress"]["total_steps"] == 2
+    accounting = done["accounting"]
+    assert 0 < accounting["epsilon"] <= 4 and accounting["delta"] == pytest.approx(1e-5)
+    assert accounting["noise_multiplier"] > 0
+
+    model = client.get(f"/v1/trainings/{training['id']}/model")
+    assert model.status_code == 200
+    assert model.headers["content-type"] == "application/octet-stream"
+    sha = hashlib.sha256(model.content).hexdigest()
+    assert sha == model.headers["X-Content-SHA256"] == done["sha256"]
+    blob = torch.load(io.BytesIO(model.content), weights_only=True)
+    assert blob["format"] == "labeldp-model/1" and blob["num_classes"] == NUM_CLASSES
+    assert blob["model"]["architecture"] == "cnn" and blob["accounting"] == accounting
+    assert blob["preprocessing"]["numeric"][:2] == ["p0", "p1"]
+    net = build_model(model_config_from_dict(blob["model"]))
+    net.load_state_dict(blob["state_dict"])
+    assert net(torch.zeros(5, 28 * 28)).shape == (5, NUM_CLASSES)
+
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+    actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]
+    assert "training.reserved" in actions and "training.succeeded" in actions
+
+
+def test_mlp_training_default_delta_is_one_over_n(server: Server, granted: Any) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    r = submit(client, dataset_id, tabular(ids[:150], labels[:150]), epsilon=2,
+               architecture="mlp", hidden=[8], denoiser="noop", expected_batch_size=50,
+               epochs=1)  # fmt: skip
+    assert r.status_code == 201, r.text
+    assert r.json()["num_examples"] == 150 and r.json()["delta"] == pytest.approx(1 / 150)
+    run_worker(server)
+    done = client.get(f"/v1/trainings/{r.json()['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+    assert done["accounting"]["epsilon"] <= 2
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_budget_exceeded_spends_nothing(server: Server, granted: Any) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    before = admin.get(f"/v1/datasets/{dataset_id}/budget").json()
+    features = tabular(ids, labels)
+    for spec in ({"epsilon": 11}, {"epsilon": 1, "delta": 0.05}):
+        r = submit(client, dataset_id, features, architecture="mlp", **spec)
+        assert r.status_code == 409, r.text
+        assert r.json()["error"] == "budget_exceeded"
+        detail = r.json()["detail"]
+        assert detail["requested_epsilon"] == spec["epsilon"] and detail["remaining_epsilon"] == 10
+        assert detail["remaining_delta"] == pytest.approx(0.01)
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json() == before
+    assert client.get(f"/v1/datasets/{dataset_id}/trainings").json() == []
+    actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]
+    assert actions.count("training.refused") == 2 and "training.reserved" not in actions
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_idempotent_replay_spends_once(server: Server, granted: Any) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    features = tabular(ids, labels)
+    spec = {"epsilon": 1, **CHEAP, "idempotency_key": "k-1"}
+    first = submit(client, dataset_id, features, **spec)
+    again = submit(client, dataset_id, features, **spec)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 1
+    other = submit(client, dataset_id, features, **{**spec, "epsilon": 2})
+    assert other.status_code == 409 and other.json()["error"] == "idempotency_conflict"
+
+
+def test_a_client_sees_only_its_own_trainings(server: Server, granted: Any) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    r = submit(client, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP)
+    training_id = r.json()["id"]
+    other_id, other_token = create_client(admin, name="other")
+    admin.post(f"/v1/datasets/{dataset_id}/grants", json={"client_id": other_id})
+    other = server.client(other_token)
+    for method, path in (
+        ("GET", f"/v1/trainings/{training_id}"),
+        ("GET", f"/v1/trainings/{training_id}/model"),
+        ("DELETE", f"/v1/trainings/{training_id}"),
+    ):
+        assert other.request(method, path).status_code == 404
+    assert other.get(f"/v1/datasets/{dataset_id}/trainings").json() == []
+    _id, auditor_token = create_client(admin, role="auditor", name="aud")
+    assert server.client(auditor_token).get(f"/v1/trainings/{training_id}").status_code == 403
+    assert admin.get(f"/v1/trainings/{training_id}").status_code == 200
+
+
+def test_cancel_keeps_the_budget_spent(server: Server, granted: Any) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    r = submit(client, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP)
+    training_id = r.json()["id"]
+    cancelled = client.delete(f"/v1/trainings/{training_id}")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert client.delete(f"/v1/trainings/{training_id}").status_code == 409
+    run_worker(server)
+    assert client.get(f"/v1/trainings/{training_id}").json()["status"] == "cancelled"
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 1
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_a_failed_training_is_not_refunded(server: Server, granted: Any) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    # Features no other test uploads: the stored file is named by its hash.
+    r = submit(client, dataset_id, tabular(ids[:123], labels[:123]), epsilon=1, **CHEAP)
+    training = r.json()
+    # The stored features vanish before a worker runs it (a lost disk, say).
+    settings = _settings(server)
+    (settings.trainings_dir / "features" / f"{training['features_sha256']}.parquet").unlink()
+    run_worker(server)
+    failed = client.get(f"/v1/trainings/{training['id']}").json()
+    assert failed["status"] == "failed" and "FileNotFoundError" in failed["error"]
+    assert str(settings.data_dir) not in failed["error"]  # no paths, no data
+    assert client.get(f"/v1/trainings/{training['id']}/model").status_code == 409
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 1
+    actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]
+    assert "training.failed" in actions
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_refusals_before_any_spend(server: Server, granted: Any, tmp_path: Path) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    cases: list[tuple[bytes, dict[str, Any], str]] = [
+        (tabular(ids, labels, city=["a"] * len(ids)), {"architecture": "mlp"}, "numeric"),
+        (tabular(ids, labels), {"architecture": "cnn"}, "784"),
+        (tabular(ids, labels), {"architecture": "mlp", "expected_batch_size": 999}, "exceed"),
+        (tabular(["zz"], labels[:1]), {"architecture": "mlp"}, "no feature row"),
+        (tabular(ids, labels), {"architecture": "mlp", "bogus": 1}, "invalid training spec"),
+    ]
+    for features, spec, message in cases:
+        r = submit(client, dataset_id, features, epsilon=1, **spec)
+        assert r.status_code == 422, r.text
+        assert message in r.json()["message"] + json.dumps(r.json()["detail"])
+    regression, _ids, _labels = make_dataset(admin, task="regression", n=10)
+    r = submit(admin, regression, tabular(ids, labels), epsilon=1, architecture="mlp")
+    assert r.status_code == 422 and "classification" in r.json()["message"]
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0

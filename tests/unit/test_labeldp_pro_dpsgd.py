@@ -1,0 +1,206 @@
+"""DP-SGD with denoisers: Algorithm 1 of ``labeldp-pro.txt``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from label_party.labeldp_pro.accounting import calibrate_noise, epsilon_for
+from label_party.labeldp_pro.denoisers import trainable_parameters
+from label_party.labeldp_pro.dpsgd import (
+    LabelDPProConfig,
+    ProgressEvent,
+    clip_per_example,
+    clipped_gradient_sum,
+    per_example_gradients,
+    privatize,
+    secure_torch_generator,
+    train_labeldp_pro,
+)
+
+CLASSES = 4
+
+
+def _blobs(n: int, seed: int) -> tuple[Tensor, Tensor]:
+    """Four well-separated Gaussian blobs in 2-D: a problem any learner solves."""
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, CLASSES, (n,), generator=gen)
+    angles = labels.double() * (2 * math.pi / CLASSES)
+    centers = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1) * 3
+    return (centers + 0.5 * torch.randn(n, 2, generator=gen, dtype=torch.float64)).float(), labels
+
+
+def _linear(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Linear(2, CLASSES)
+
+
+def _config(**overrides: object) -> LabelDPProConfig:
+    base: dict[str, object] = {
+        "epsilon": 4.0,
+        "delta": 1e-3,
+        "num_classes": CLASSES,
+        "epochs": 4,
+        "expected_batch_size": 40,
+        "clip_norm": 1.0,
+        "learning_rate": 0.5,
+        "alt_batch_size": 4,
+        "projection_steps": 10,
+    }
+    return LabelDPProConfig(**(base | overrides))  # type: ignore[arg-type]
+
+
+def test_clipping_bounds_norms_and_keeps_small_rows() -> None:
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(50, 30, generator=gen) * torch.logspace(-2, 1, 50).unsqueeze(1)
+    clipped = clip_per_example(rows, 1.5)
+    norms = torch.linalg.vector_norm(clipped, dim=1)
+    assert float(norms.max()) <= 1.5 + 1e-6
+    small = torch.linalg.vector_norm(rows, dim=1) <= 1.5
+    assert small.any() and (~small).any()
+    assert torch.equal(clipped[small], rows[small])
+    # Large rows keep their direction and land on the sphere of radius C.
+    torch.testing.assert_close(norms[~small], torch.full_like(norms[~small], 1.5))
+    cosine = torch.nn.functional.cosine_similarity(clipped[~small], rows[~small], dim=1)
+    torch.testing.assert_close(cosine, torch.ones_like(cosine))
+
+
+def test_per_example_gradients_match_autograd_and_sum_is_clipped() -> None:
+    model = _linear()
+    x, y = _blobs(6, seed=1)
+    params = trainable_parameters(model)
+    flat, losses = per_example_gradients(model, params, x, y)
+    for i in range(6):
+        loss = nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        torch.testing.assert_close(flat[i], torch.cat([g.reshape(-1) for g in grads]))
+        torch.testing.assert_close(losses[i], loss.detach())
+    total, _ = clipped_gradient_sum(model, params, x, y, clip_norm=0.1, physical_batch_size=4)
+    torch.testing.assert_close(total, clip_per_example(flat, 0.1).sum(dim=0))
+
+
+def test_noise_std_is_sigma_c_over_expected_batch() -> None:
+    """Zero gradients: ĝ is pure noise with per-coordinate std σC/B (Algorithm 1 line 5)."""
+    sigma, clip, batch = 2.5, 1.5, 50
+    out = privatize(
+        torch.zeros(200_000),
+        noise_multiplier=sigma,
+        clip_norm=clip,
+        expected_batch_size=batch,
+        generator=torch.Generator().manual_seed(3),
+    )
+    expected = sigma * clip / batch
+    assert float(out.std()) == pytest.approx(expected, rel=0.01)
+    assert abs(float(out.mean())) < 4 * expected / math.sqrt(out.numel())
+
+
+def test_secure_generators_differ() -> None:
+    a = torch.rand(4, generator=secure_torch_generator())
+    b = torch.rand(4, generator=secure_torch_generator())
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("denoiser", ["noop", "alt-conv"])
+def test_training_learns_a_separable_problem(denoiser: str) -> None:
+    x, y = _blobs(400, seed=4)
+    events: list[ProgressEvent] = []
+    result = train_labeldp_pro(
+        _linear(),
+        x,
+        y,
+        config=_config(denoiser=denoiser, smoothing=1.0, epochs=2),
+        report=events.append,
+        generator=torch.Generator().manual_seed(5),
+    )
+    x_test, y_test = _blobs(400, seed=6)
+    with torch.no_grad():
+        accuracy = float((result.model(x_test).argmax(dim=1) == y_test).float().mean())
+    assert accuracy > 0.8  # chance is 0.25
+    record = result.accounting
+    assert record.epsilon <= 4.0
+    assert record.amplification
+    assert record.sampling_rate == pytest.approx(0.1)
+    assert record.steps == 2 * 10
+    assert [e.step for e in events] == list(range(1, 21))
+    assert events[-1].eta_seconds == 0.0
+    assert all(e.loss is None for e in events)  # the private loss is not reported
+    assert len(result.history) == 2
+    assert all(h.loss is None for h in result.history)
+    # Poisson sampling: sizes vary around the expected 40.
+    assert 30 < sum(h.mean_batch_size for h in result.history) / 2 < 50
+
+
+def test_self_denoisers_are_accounted_without_amplification() -> None:
+    x, y = _blobs(200, seed=7)
+    config = _config(denoiser="self-conv", epochs=1, projection_steps=3)
+    result = train_labeldp_pro(
+        _linear(), x, y, config=config, generator=torch.Generator().manual_seed(8)
+    )
+    record = result.accounting
+    assert not record.amplification
+    steps, q = 5, 40 / 200
+    assert record.steps == steps
+    assert record.noise_multiplier == pytest.approx(
+        calibrate_noise(4.0, 1e-3, q, steps, amplification=False)
+    )
+    assert record.noise_multiplier > calibrate_noise(4.0, 1e-3, q, steps, amplification=True)
+    assert record.epsilon == pytest.approx(
+        epsilon_for(record.noise_multiplier, q, steps, 1e-3, amplification=False)
+    )
+
+
+def test_seeded_runs_repeat_and_loss_is_opt_in() -> None:
+    x, y = _blobs(120, seed=9)
+    config = _config(denoiser="noop", epochs=1, report_training_loss=True)
+
+    def run() -> tuple[nn.Module, list[ProgressEvent]]:
+        events: list[ProgressEvent] = []
+        result = train_labeldp_pro(
+            _linear(), x, y, config=config, report=events.append,
+            generator=torch.Generator().manual_seed(10),
+        )  # fmt: skip
+        return result.model, events
+
+    first, events = run()
+    second, _ = run()
+    for a, b in zip(first.parameters(), second.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert all(e.loss is not None and e.loss > 0 for e in events)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"epsilon": 0.0}, "epsilon"),
+        ({"delta": 1.0}, "delta"),
+        ({"num_classes": 1}, "num_classes"),
+        ({"denoiser": "self-hull"}, "denoiser"),
+        ({"optimizer": "lbfgs"}, "optimizer"),
+        ({"smoothing": 1.5}, "smoothing"),
+        ({"clip_norm": 0.0}, "clip_norm"),
+        ({"projection_step_size": 0.0}, "projection_step_size"),
+        ({"projection_method": "newton"}, "projection_method"),
+    ],
+)
+def test_bad_config_is_refused(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _config(**overrides)
+
+
+def test_bad_data_is_refused_without_echoing_labels() -> None:
+    x, y = _blobs(100, seed=11)
+    bad = y.clone()
+    bad[7] = 17  # a private value that must not appear in the message
+    with pytest.raises(ValueError, match=r"class indices in \[0, num_classes\)") as info:
+        train_labeldp_pro(_linear(), x, bad, config=_config())
+    assert "17" not in str(info.value)
+    with pytest.raises(ValueError, match="one entry per feature row"):
+        train_labeldp_pro(_linear(), x, y[:50], config=_config())
+    with pytest.raises(ValueError, match="expected_batch_size"):
+        train_labeldp_pro(_linear(), x, y, config=_config(expected_batch_size=500))
+    with pytest.raises(ValueError, match="batch normalization"):
+        model = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.Linear(8, CLASSES))
+        train_labeldp_pro(model, x, y, config=_config())
