@@ -1,13 +1,13 @@
 """The model artifact: weights plus everything prediction needs to preprocess
 rows exactly as training did (column roles, vocabularies, scalers, loss).
 
-One ``torch.save`` file of plain containers and tensors, loadable with
-``torch.load(..., weights_only=True)`` — no pickled code.
+The format (``labeldp-model/1``, ``torch.load(..., weights_only=True)``, no
+pickled code) is ``shared.artifact``'s, so models the labels party trains
+(LabelDP-Pro) load here the same way.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,11 @@ import torch
 from feature_party.training.config import TrainingConfig
 from feature_party.training.data import Preprocessing
 from feature_party.training.losses import Loss, LossName, make_loss
+from shared.artifact import ARTIFACT_FORMAT, model_artifact, save_artifact_file
 from shared.torch_models import ImageCNN, TabularMLP, build_model, model_config_from_dict
 
 __all__ = ["ARTIFACT_FORMAT", "Predictor", "load_artifact", "save_artifact"]
 
-ARTIFACT_FORMAT = "labeldp-model/1"
 #: Formats this version still reads (the first one held only tabular MLPs).
 _READABLE = frozenset({ARTIFACT_FORMAT, "labeldp-tabular-mlp/1"})
 
@@ -37,24 +37,18 @@ def save_artifact(
     num_classes: int | None,
     metrics: dict[str, Any],
 ) -> None:
-    """Write the artifact atomically (a crash never leaves half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(
-        {
-            "format": ARTIFACT_FORMAT,
-            "model": model.config.to_dict(),
-            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "preprocessing": preprocessing.to_dict(),
-            "task": config.task,
-            "loss": config.loss,
-            "num_classes": num_classes,
-            "training": config.model_dump(mode="json"),
-            "metrics": metrics,
-        },
-        tmp,
+    """Write the artifact (``shared.artifact``, the format both parties write)."""
+    artifact = model_artifact(
+        model=model,
+        model_config=model.config.to_dict(),
+        preprocessing=preprocessing.to_dict(),
+        task=config.task,
+        loss=config.loss,
+        num_classes=num_classes,
+        training=config.model_dump(mode="json"),
+        metrics=metrics,
     )
-    os.replace(tmp, path)
+    save_artifact_file(path, artifact)
 
 
 @dataclass
