@@ -53,6 +53,7 @@ CONFIGS = {"gpu": (COMPOSE,), "cpu": (COMPOSE, CPU_OVERRIDE)}
 EXPECTED = {
     "label-db": None,
     "label-api": ["label-party", "serve"],
+    "label-worker": ["label-party", "worker"],
     "feature-db": None,
     "feature-api": ["feature-party", "serve"],
     "feature-worker": ["feature-party", "worker"],
@@ -133,11 +134,11 @@ def test_the_labeldp_program_is_the_cli() -> None:
     assert scripts["labeldp"] == "labeldp.cli:main"
 
 
-def test_the_cpu_override_changes_only_the_worker_image_and_gpu() -> None:
+def test_the_cpu_override_changes_only_the_workers_image_and_gpu() -> None:
     gpu, cpu = load_compose(*CONFIGS["gpu"]), load_compose(*CONFIGS["cpu"])
     for name in services(gpu):
         before, after = services(gpu)[name], services(cpu)[name]
-        if name != "feature-worker":
+        if name not in ("feature-worker", "label-worker"):
             assert before == after, name
             continue
         changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
