@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DATA   := .data/.fetched
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench report clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ bench: setup  ## mechanism benchmarks; writes bench/results/
 	$(BIN)/python -m bench.mechanisms
 	$(BIN)/python -m bench.bench_training
 	$(BIN)/python -m bench.bench_label_service
+	$(BIN)/python -m bench.bench_scale
+	$(BIN)/python -m bench.bench_api_latency
+
+report: setup  ## the experiments' sweep (resumable; ~1.5 h on 2 cores) and bench/REPORT.md
+	$(BIN)/python -m bench.report
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -7,26 +7,32 @@ One dataset, one method, one ε, several seeds. For each seed the experiment
    is read and are never computed from the labels inside the labels party);
 2. as the advertiser, declares a fresh dataset at the labels party with budget ε
    and uploads the seed's training labels;
-3. as the publisher, asks for one release of the method at ε, and a worker
-   trains the model with the seed on it;
-4. as the referee (who alone knows the true labels), measures the mechanism's
-   noisy-label MSE on the training labels and the model's test MSE on the
-   held-out true labels.
+3. as the publisher, asks for one release of the method at ε (uploading first
+   whatever label-independent input the method needs, e.g. feature clusters),
+   and a worker trains the model with the seed on it;
+4. as the referee (who alone knows the true labels), measures the released
+   labels against the true training labels and the model on the held-out true
+   labels.
 
 With ``--epsilon inf`` or ``--method non-private`` the model is trained on the
 true labels outside the services (like the demo's baseline): nothing is released
 and nothing is spent.
 
-``--json`` prints one object on stdout (progress goes to stderr)::
+Regression datasets report MSE; classification datasets (``fashion-mnist``)
+report accuracy. ``--json`` prints one object on stdout (progress goes to
+stderr)::
 
   {"dataset", "method", "epsilon", "seeds", "mechanism_mse",
    "test": {"mse": mean, "mse_std": std}, "epsilon_spent", "seconds", ...}
 
-``mechanism_mse`` and ``test.mse`` are means over the seeds, ``mse_std`` the
-population standard deviation (0 for one seed); ``epsilon_spent`` is the **sum**
-over the seeds' datasets of what each dataset's budget endpoint reports as spent
-(ε × seeds when every release succeeded); ``epsilon`` is the string ``"inf"``
-for a non-private run; ``per_seed`` has each seed's numbers and ids.
+with ``"test": {"accuracy", "accuracy_std"}`` for classification, where
+``mechanism_mse`` is the noisy-label *accuracy* (the issue's name for the
+mechanism column; ``mechanism_metric`` says which). Means are over the seeds,
+stds the population standard deviation (0 for one seed); ``epsilon_spent`` is
+the **sum** over the seeds' datasets of what each dataset's budget endpoint
+reports as spent (ε × seeds when every release succeeded); ``epsilon`` is the
+string ``"inf"`` for a non-private run; ``per_seed`` has each seed's numbers
+and ids.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,31 +62,146 @@ from labeldp.harness import (
     Endpoints,
     Publisher,
     RunError,
+    align,
     endpoints_from,
     local_services,
-    noisy_label_mse,
-    non_private_baseline,
+    non_private_predictions,
     parquet_bytes,
+    released_labels,
 )
 
-__all__ = ["METHODS", "ExperimentError", "Setup", "load_user_data", "main", "register", "run"]
+__all__ = ["METHODS", "PENDING", "ExperimentError", "Method", "Services", "Setup",
+           "load_user_data", "main", "register", "run"]  # fmt: skip
 
 #: A failed step of a run (a service refused, a job failed): exit status 1.
 ExperimentError = RunError
 
-#: Each method's release ``mechanism`` object; ``None``: trained on the true labels.
-METHODS: dict[str, dict[str, Any] | None] = {
-    "non-private": None,
-    "laplace": {"name": "laplace"},
-    "laplace-clipped": {"name": "laplace", "clip": True},
-    "staircase": {"name": "staircase"},
-    "staircase-clipped": {"name": "staircase", "clip": True},
-    "exponential": {"name": "exponential"},
-    "rr-on-bins": {"name": "rr-on-bins", "loss": "squared"},
-    "unbiased": {"name": "unbiased"},
+REGRESSION, CLASSIFICATION = "regression", "classification"
+TEST_FRACTION = 0.2
+#: Public default of ``rr-with-prior-groups``: how many feature clusters.
+DEFAULT_GROUPS = 20
+
+
+# -- methods -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class SeedContext:
+    """Everything one seed of a private method works with: a fresh labels-party
+    dataset holding the seed's training labels, and the publisher's client token."""
+
+    services: Services
+    setup: Setup
+    seed: int
+    train_rows: np.ndarray
+    test_rows: np.ndarray
+    dataset_id: str
+    token: str
+    feature_set: str
+    say: Callable[[str], None]
+
+
+@dataclasses.dataclass
+class Played:
+    """What a method produced for one seed: test-row predictions and, for a label
+    release, its id (``None`` for a method that releases a model, e.g. DP-SGD)."""
+
+    predictions: np.ndarray
+    release_id: str | None
+
+
+#: A method's whole per-seed protocol. Methods that release labels once and train
+#: on them use :func:`release_and_train`; multi-stage or central methods
+#: (``lp-2st``, ``dp-sgd``, ``labeldp-pro``) plug in their own.
+SeedPlay = Callable[[SeedContext], Played]
+#: Uploads a method's label-independent input (groups, priors) for one seed and
+#: returns the parameters the release's ``mechanism`` object gains.
+Prepare = Callable[[SeedContext], dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One row of the report: which task, which release, which training loss."""
+
+    name: str
+    tasks: frozenset[str]
+    mechanism: dict[str, Any] | None  # None: trained on the true labels
+    loss: dict[str, str]  # task → training loss
+    prepare: Prepare | None = None
+    play: SeedPlay | None = None  # None: release_and_train
+
+    def training_loss(self, task: str) -> str:
+        return self.loss[task]
+
+    @property
+    def private(self) -> bool:
+        """Whether it goes through the services (a release, or its own protocol)."""
+        return self.mechanism is not None or self.play is not None
+
+
+def _regression(name: str, mechanism: dict[str, Any]) -> Method:
+    return Method(name, frozenset({REGRESSION}), mechanism, {REGRESSION: "squared"})
+
+
+def _classification(
+    name: str,
+    mechanism: dict[str, Any],
+    loss: str = "cross-entropy",
+    prepare: Prepare | None = None,
+) -> Method:
+    return Method(name, frozenset({CLASSIFICATION}), mechanism, {CLASSIFICATION: loss}, prepare)
+
+
+def _upload_groups(ctx: SeedContext) -> dict[str, Any]:
+    """``rr-with-prior-groups``: the publisher clusters its own features (no label
+    is read; Algorithm 4 of ``rr-with-prior-lp-mst-supplementary.txt``) and uploads
+    the groups; the labels party then uses per-group private histograms as priors."""
+    groups = ctx.services.groups(ctx.setup.data, ctx.setup.groups)
+    table = pa.table({"example_id": ctx.setup.data.example_id, "group": groups})
+    with LabelsPartyClient(ctx.services.endpoints.labels_url, ctx.token) as publisher:
+        prior = publisher.upload_priors(ctx.dataset_id, parquet_bytes(table), kind="groups")
+    ctx.say(f"seed {ctx.seed}: uploaded {ctx.setup.groups} feature clusters as prior {prior.id}")
+    return {"prior_id": prior.id}
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method("non-private", frozenset({REGRESSION, CLASSIFICATION}), None,
+               {REGRESSION: "squared", CLASSIFICATION: "cross-entropy"}),
+        _regression("laplace", {"name": "laplace"}),
+        _regression("laplace-clipped", {"name": "laplace", "clip": True}),
+        _regression("staircase", {"name": "staircase"}),
+        _regression("staircase-clipped", {"name": "staircase", "clip": True}),
+        _regression("exponential", {"name": "exponential"}),
+        _regression("rr-on-bins", {"name": "rr-on-bins", "loss": "squared"}),
+        _regression("unbiased", {"name": "unbiased"}),
+        _classification("rr", {"name": "rr"}),
+        _classification("rr-debiased", {"name": "rr"}, loss="rr-debiased-cross-entropy"),
+        _classification("rr-with-prior-groups",
+                        {"name": "rr-with-prior", "prior_source": "groups"},
+                        prepare=_upload_groups),
+    ]
+}  # fmt: skip
+
+#: Methods the issue names whose wiring has not landed yet: refused with the list
+#: of what the dataset's task offers. Register a :class:`Method` (with its own
+#: ``play`` for multi-stage or central training) in ``METHODS`` and drop it here.
+PENDING: dict[str, str] = {
+    "lp-2st": CLASSIFICATION,
+    "dp-sgd": CLASSIFICATION,
+    "labeldp-pro": CLASSIFICATION,
 }
 
-TEST_FRACTION = 0.2
+
+def methods_for(task: str) -> list[str]:
+    """The methods an experiment on a ``task`` dataset can run."""
+    return [name for name, m in METHODS.items() if task in m.tasks]
+
+
+def metric_of(task: str) -> str:
+    """The test metric: MSE for regression, accuracy for classification."""
+    return "accuracy" if task == CLASSIFICATION else "mse"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,21 +216,117 @@ class Setup:
     batch_size: int = 512
     learning_rate: float = 3e-3
     mesh: int | None = None
+    groups: int = DEFAULT_GROUPS
 
     @property
     def private(self) -> bool:
-        return METHODS[self.method] is not None and math.isfinite(self.epsilon)
+        return METHODS[self.method].private and math.isfinite(self.epsilon)
 
     def mechanism(self) -> dict[str, Any]:
-        spec = dict(METHODS[self.method] or {})
+        spec = dict(METHODS[self.method].mechanism or {})
         if self.method == "unbiased" and self.mesh is not None:
             spec["mesh"] = self.mesh
         return spec
 
     def training(self, seed: int) -> dict[str, Any]:
-        return {"task": "regression", "loss": "squared", "epochs": self.epochs,
-                "batch_size": self.batch_size, "learning_rate": self.learning_rate,
-                "seed": seed}  # fmt: skip
+        task = self.data.task
+        body = {"task": task, "loss": METHODS[self.method].training_loss(task),
+                "epochs": self.epochs, "batch_size": self.batch_size,
+                "learning_rate": self.learning_rate, "seed": seed,
+                **self.data.training}  # fmt: skip
+        if task == CLASSIFICATION:
+            body["num_classes"] = int(self.data.label_domain["num_classes"])
+        return body
+
+
+# -- the services, reused ------------------------------------------------------------
+
+
+class Services:
+    """One running pair of services and the publisher's session with them, reused
+    across configurations (the report's sweep): each dataset's features are
+    uploaded once, and its feature clusters computed once."""
+
+    def __init__(
+        self, endpoints: Endpoints, *, poll_seconds: float = 0.5, timeout: float = 120.0
+    ) -> None:
+        self.endpoints = endpoints
+        self.publisher = Publisher(endpoints.features_url, endpoints.features_token,
+                                   poll_seconds=poll_seconds, timeout=timeout)  # fmt: skip
+        self._feature_sets: dict[tuple[str, int, str], str] = {}
+        self._groups: dict[tuple[str, int, int], np.ndarray] = {}
+
+    @staticmethod
+    def _key(data: Dataset) -> tuple[str, int, str]:
+        return (data.name, len(data), data.description)
+
+    def feature_set(self, data: Dataset, *, say: Callable[[str], None]) -> str:
+        key = self._key(data)
+        if key not in self._feature_sets:
+            roles = {"numeric": data.numeric, "categorical": data.categorical}
+            self._feature_sets[key] = self.publisher.upload_features(
+                data.features_table(), roles, name=f"{data.name} experiment features"
+            )
+            say(f"uploaded {len(data)} feature rows as {self._feature_sets[key]}")
+        return self._feature_sets[key]
+
+    def groups(self, data: Dataset, count: int) -> np.ndarray:
+        key = (*self._key(data)[:2], count)
+        if key not in self._groups:
+            self._groups[key] = feature_clusters(data, count)
+        return self._groups[key]
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+@contextmanager
+def services_for(
+    endpoints: Endpoints | None,
+    workdir: Path,
+    *,
+    say: Callable[[str], None],
+    poll_seconds: float = 0.5,
+    timeout: float = 120.0,
+) -> Iterator[Services]:
+    """:class:`Services` on ``endpoints``, or on local ones started here (whose
+    worker looks for jobs every ``poll_seconds``, as the publisher polls them, and
+    whose features party waits up to ``timeout`` seconds for a release: the
+    unbiased randomizer's LP at large ε and k ≈ 190 takes minutes)."""
+    if endpoints is not None:
+        services = Services(endpoints, poll_seconds=poll_seconds, timeout=timeout)
+        try:
+            yield services
+        finally:
+            services.close()
+        return
+    env = {"LABELDP_POLL_SECONDS": f"{poll_seconds:g}",
+           "LABELDP_CLIENT_TIMEOUT_SECONDS": f"{timeout:g}"}  # fmt: skip
+    with local_services(workdir, say=say, features_env=env) as local:
+        services = Services(local, poll_seconds=poll_seconds, timeout=timeout)
+        try:
+            yield services
+        finally:
+            services.close()
+
+
+def feature_clusters(data: Dataset, count: int, *, seed: int = 0, rounds: int = 15) -> np.ndarray:
+    """Seeded k-means (Lloyd's rounds from ``count`` distinct rows) over the numeric
+    features, standardized — the publisher's own grouping, from features only."""
+    x = np.column_stack([data.features.column(c).to_numpy().astype(np.float32)
+                         for c in data.numeric])  # fmt: skip
+    x = (x - x.mean(axis=0)) / np.maximum(x.std(axis=0), 1e-6)
+    rng = np.random.default_rng(seed)
+    centers = x[rng.choice(len(x), size=min(count, len(x)), replace=False)]
+    assign = np.zeros(len(x), dtype=np.int64)
+    for _ in range(rounds):
+        distance = (centers**2).sum(axis=1)[None, :] - 2.0 * (x @ centers.T)
+        assign = distance.argmin(axis=1)
+        for k in range(len(centers)):
+            members = x[assign == k]
+            if len(members):  # an empty cluster keeps its center
+                centers[k] = members.mean(axis=0)
+    return assign
 
 
 # -- data --------------------------------------------------------------------------
@@ -213,17 +431,41 @@ def load_user_data(
 # -- one seed ----------------------------------------------------------------------
 
 
-def _one_seed(
-    endpoints: Endpoints,
-    setup: Setup,
-    seed: int,
-    feature_set: str,
-    publisher: Publisher,
-    *,
-    say: Callable[[str], None],
-) -> dict[str, Any]:
-    data = setup.data
-    train_rows, test_rows = data.split(seed=seed, test_fraction=TEST_FRACTION)
+def release_and_train(ctx: SeedContext) -> Played:
+    """The common protocol: one release of the method at ε, one training job on it."""
+    setup, publisher = ctx.setup, ctx.services.publisher
+    mechanism = setup.mechanism()
+    method = METHODS[setup.method]
+    if method.prepare is not None:
+        mechanism.update(method.prepare(ctx))
+    received = publisher.receive({
+        "feature_set_id": ctx.feature_set, "labels_party_url": ctx.services.endpoints.labels_url,
+        "token": ctx.token, "dataset_id": ctx.dataset_id,
+        "release": {"mechanism": mechanism, "epsilon": setup.epsilon,
+                    "idempotency_key": f"experiment-{ctx.dataset_id}"},
+    })  # fmt: skip
+    job = publisher.train(
+        {"feature_set_id": ctx.feature_set, "labels_id": received["id"],
+         **setup.training(ctx.seed)},
+        say=ctx.say,
+    )  # fmt: skip
+    predictions = publisher.predict(job["model_id"], setup.data.features_table(ctx.test_rows))
+    return Played(predictions=predictions, release_id=str(received["release_id"]))
+
+
+def score(task: str, predicted: np.ndarray, true: np.ndarray) -> float:
+    """MSE (regression) or accuracy (classification) of ``predicted`` against ``true``."""
+    if task == CLASSIFICATION:
+        return float(np.mean(np.rint(predicted) == true))
+    return float(np.mean((predicted - true) ** 2))
+
+
+def _open_dataset(
+    services: Services, setup: Setup, seed: int, train_rows: np.ndarray
+) -> tuple[str, str]:
+    """As the advertiser: a fresh dataset with budget ε holding the seed's training
+    labels, and a client granted it → ``(dataset_id, client token)``."""
+    data, endpoints = setup.data, services.endpoints
     with LabelsPartyClient(endpoints.labels_url, endpoints.labels_admin_token) as advertiser:
         dataset = advertiser.create_dataset(
             name=f"{data.name} experiment {setup.method} seed {seed}", task=data.task,
@@ -232,93 +474,98 @@ def _one_seed(
         advertiser.upload_labels(dataset["id"], parquet_bytes(data.labels_table(train_rows)))
         client = advertiser.create_client(name=f"experiment seed {seed}", role="client")
         advertiser.create_grant(dataset["id"], client_id=client["id"])
-    say(f"seed {seed}: dataset {dataset['id']} (ε budget {setup.epsilon:g}), "
-        f"{train_rows.size} training labels; release with {setup.method}")  # fmt: skip
-    received = publisher.receive({
-        "feature_set_id": feature_set, "labels_party_url": endpoints.labels_url,
-        "token": client["token"], "dataset_id": dataset["id"],
-        "release": {"mechanism": setup.mechanism(), "epsilon": setup.epsilon,
-                    "idempotency_key": f"experiment-{dataset['id']}"},
-    })  # fmt: skip
-    job = publisher.train(
-        {"feature_set_id": feature_set, "labels_id": received["id"], **setup.training(seed)},
-        say=say,
-    )
-    predictions = publisher.predict(job["model_id"], data.features_table(test_rows))
-    test_mse = float(np.mean((predictions - data.labels[test_rows]) ** 2))
-    truth = dict(zip(data.example_id[train_rows], data.labels[train_rows], strict=True))
-    mechanism_mse = noisy_label_mse(endpoints, client["token"], received["release_id"], truth)
-    with LabelsPartyClient(endpoints.labels_url, endpoints.labels_admin_token) as advertiser:
-        budget = advertiser.get_budget(dataset["id"])
-    spent = float(budget["epsilon_spent"])
-    say(f"seed {seed}: test MSE {test_mse:,.1f}; mechanism MSE {mechanism_mse:,.1f}; "
+    return str(dataset["id"]), str(client["token"])
+
+
+def _one_seed(
+    services: Services, setup: Setup, seed: int, *, say: Callable[[str], None]
+) -> dict[str, Any]:
+    data, metric = setup.data, metric_of(setup.data.task)
+    train_rows, test_rows = data.split(seed=seed, test_fraction=TEST_FRACTION)
+    feature_set = services.feature_set(data, say=say)
+    dataset_id, token = _open_dataset(services, setup, seed, train_rows)
+    say(f"seed {seed}: dataset {dataset_id} (ε budget {setup.epsilon:g}), "
+        f"{train_rows.size} training labels; {setup.method}")  # fmt: skip
+    ctx = SeedContext(services, setup, seed, train_rows, test_rows, dataset_id, token,
+                      feature_set, say)  # fmt: skip
+    played = (METHODS[setup.method].play or release_and_train)(ctx)
+    test = score(data.task, played.predictions, data.labels[test_rows])
+    mechanism: float | None = None
+    if played.release_id is not None:
+        release = released_labels(services.endpoints, token, played.release_id)
+        rows = align(release.column("example_id"), data.example_id)
+        noisy = np.asarray(release.column("label").to_numpy(), dtype=np.float64)
+        mechanism = score(data.task, noisy, data.labels[rows])
+    with LabelsPartyClient(services.endpoints.labels_url,
+                           services.endpoints.labels_admin_token) as advertiser:  # fmt: skip
+        spent = float(advertiser.get_budget(dataset_id)["epsilon_spent"])
+    shown = "—" if mechanism is None else format(mechanism, ",.4g")
+    say(f"seed {seed}: test {metric} {test:,.4g}; mechanism {metric} {shown}; "
         f"ε spent {spent:g}")  # fmt: skip
-    return {"seed": seed, "mechanism_mse": mechanism_mse, "mse": test_mse,
-            "epsilon_spent": spent, "dataset_id": dataset["id"],
-            "release_id": received["release_id"]}  # fmt: skip
+    return {"seed": seed, "mechanism_mse": mechanism, metric: test, "epsilon_spent": spent,
+            "dataset_id": dataset_id, "release_id": played.release_id}  # fmt: skip
 
 
 def _non_private_seed(
     setup: Setup, seed: int, workdir: Path, *, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    data = setup.data
+    data, metric = setup.data, metric_of(setup.data.task)
     train_rows, test_rows = data.split(seed=seed, test_fraction=TEST_FRACTION)
     say(f"seed {seed}: training on the {train_rows.size} true labels, outside the services")
-    test_mse = non_private_baseline(data, train_rows, test_rows, setup.training(seed), workdir)
-    say(f"seed {seed}: test MSE {test_mse:,.1f}")
-    return {"seed": seed, "mechanism_mse": 0.0, "mse": test_mse, "epsilon_spent": 0.0}
+    predictions = non_private_predictions(data, train_rows, test_rows, setup.training(seed),
+                                          workdir)  # fmt: skip
+    test = score(data.task, predictions, data.labels[test_rows])
+    say(f"seed {seed}: test {metric} {test:,.4g}")
+    exact = 1.0 if data.task == CLASSIFICATION else 0.0  # the labels are the truth
+    return {"seed": seed, "mechanism_mse": exact, metric: test, "epsilon_spent": 0.0}
+
+
+def summarize(setup: Setup, per_seed: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """The ``--json`` object from the seeds' numbers."""
+    metric = metric_of(setup.data.task)
+    test = np.array([r[metric] for r in per_seed])
+    mechanisms = [r["mechanism_mse"] for r in per_seed if r["mechanism_mse"] is not None]
+    return {
+        "dataset": setup.data.name,
+        "task": setup.data.task,
+        "method": setup.method,
+        "epsilon": setup.epsilon if setup.private else "inf",
+        "seeds": setup.seeds,
+        "examples": len(setup.data),
+        "epochs": setup.epochs,
+        "mechanism_metric": metric,
+        "mechanism_mse": float(np.mean(mechanisms)) if mechanisms else None,
+        "mechanism_std": float(np.std(mechanisms)) if mechanisms else None,
+        "test": {metric: float(test.mean()), f"{metric}_std": float(test.std())},
+        "epsilon_spent": float(sum(r["epsilon_spent"] for r in per_seed)),
+        "seconds": round(seconds, 3),
+        "per_seed": per_seed,
+    }
 
 
 def experiment(
     setup: Setup,
     workdir: Path,
     *,
-    endpoints: Endpoints | None,
+    endpoints: Endpoints | None = None,
+    services: Services | None = None,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Run ``setup`` (through ``endpoints``, or local services started here)."""
+    """Run ``setup`` through ``services`` (kept open by the caller: the report's
+    sweep), else through ``endpoints``, else through local services started here."""
     started = time.perf_counter()
     data = setup.data
     say(f"dataset {data.name}: {data.description}; {len(data)} examples; method "
         f"{setup.method}, ε = {setup.epsilon:g}, {setup.seeds} seed(s)")  # fmt: skip
-    per_seed: list[dict[str, Any]] = []
+    seeds = range(setup.seeds)
     if not setup.private:
-        per_seed = [_non_private_seed(setup, s, workdir, say=say) for s in range(setup.seeds)]
+        per_seed = [_non_private_seed(setup, s, workdir, say=say) for s in seeds]
+    elif services is not None:
+        per_seed = [_one_seed(services, setup, s, say=say) for s in seeds]
     else:
-
-        def play(endpoints: Endpoints) -> None:
-            publisher = Publisher(endpoints.features_url, endpoints.features_token)
-            try:
-                roles = {"numeric": data.numeric, "categorical": data.categorical}
-                feature_set = publisher.upload_features(
-                    data.features_table(), roles, name=f"{data.name} experiment features"
-                )
-                for seed in range(setup.seeds):
-                    per_seed.append(_one_seed(endpoints, setup, seed, feature_set, publisher,
-                                              say=say))  # fmt: skip
-            finally:
-                publisher.close()
-
-        if endpoints is not None:
-            play(endpoints)
-        else:
-            with local_services(workdir, say=say) as local:
-                play(local)
-    mse = np.array([r["mse"] for r in per_seed])
-    mechanism = np.array([r["mechanism_mse"] for r in per_seed])
-    return {
-        "dataset": data.name,
-        "method": setup.method,
-        "epsilon": setup.epsilon if setup.private else "inf",
-        "seeds": setup.seeds,
-        "examples": len(data),
-        "epochs": setup.epochs,
-        "mechanism_mse": float(mechanism.mean()),
-        "test": {"mse": float(mse.mean()), "mse_std": float(mse.std())},
-        "epsilon_spent": float(sum(r["epsilon_spent"] for r in per_seed)),
-        "seconds": round(time.perf_counter() - started, 3),
-        "per_seed": per_seed,
-    }
+        with services_for(endpoints, workdir, say=say) as opened:
+            per_seed = [_one_seed(opened, setup, s, say=say) for s in seeds]
+    return summarize(setup, per_seed, time.perf_counter() - started)
 
 
 # -- command -----------------------------------------------------------------------
@@ -342,7 +589,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help=f"a shipped dataset: {', '.join(sorted(LOADERS))} "
                         "(or give --labels and --features)")  # fmt: skip
     p.add_argument("--method", required=True, metavar="METHOD",
-                   help=f"one of: {', '.join(METHODS)}")  # fmt: skip
+                   help=f"regression: {', '.join(methods_for(REGRESSION))}; classification: "
+                        f"{', '.join(methods_for(CLASSIFICATION))}")  # fmt: skip
     p.add_argument("--epsilon", type=_epsilon, metavar="E",
                    help="ε of each release (> 0; 'inf': non-private); required unless "
                         "--method non-private")  # fmt: skip
@@ -357,6 +605,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--batch-size", type=int, default=512, help="default 512")
     p.add_argument("--learning-rate", type=float, default=3e-3, help="default 3e-3")
     p.add_argument("--mesh", type=int, help="unbiased: the LP's output grid (service default)")
+    p.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
+                   help="rr-with-prior-groups: feature clusters the publisher forms "
+                        f"(default {DEFAULT_GROUPS})")  # fmt: skip
     p.add_argument(
         "--max-examples",
         type=int,
@@ -395,6 +646,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def setup_from(args: argparse.Namespace) -> Setup:
     """Check the arguments (``ValueError`` on bad input) and load the data."""
+    if args.method in PENDING:
+        task = PENDING[args.method]
+        raise ValueError(f"method {args.method!r} is not wired into experiments yet; for "
+                         f"{task} choose one of: {', '.join(methods_for(task))}")  # fmt: skip
     if args.method not in METHODS:
         raise ValueError(f"unknown method {args.method!r}; known: {', '.join(METHODS)}")
     epsilon = args.epsilon
@@ -416,6 +671,8 @@ def setup_from(args: argparse.Namespace) -> Setup:
         raise ValueError(f"--max-examples must be at least 10, not {args.max_examples}")
     if args.mesh is not None and args.mesh < 2:
         raise ValueError(f"--mesh must be at least 2, not {args.mesh}")
+    if args.groups < 2:
+        raise ValueError(f"--groups must be at least 2, not {args.groups}")
     own = [args.labels, args.features, args.domain]
     if args.dataset is not None:
         if any(own):
@@ -432,11 +689,16 @@ def setup_from(args: argparse.Namespace) -> Setup:
         )
     else:
         raise ValueError("give --dataset NAME, or --labels FILE --features FILE --domain JSON")
+    if data.task not in METHODS[args.method].tasks:
+        raise ValueError(f"method {args.method!r} does not fit {data.task} dataset "
+                         f"{data.name!r}; choose one of: "
+                         f"{', '.join(methods_for(data.task))}")  # fmt: skip
     if args.max_examples is not None:
         data = subsample(data, args.max_examples)
     return Setup(data=data, method=args.method, epsilon=epsilon, seeds=args.seeds,
                  epochs=args.epochs, batch_size=args.batch_size,
-                 learning_rate=args.learning_rate, mesh=args.mesh)  # fmt: skip
+                 learning_rate=args.learning_rate, mesh=args.mesh,
+                 groups=args.groups)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -456,16 +718,24 @@ def run(args: argparse.Namespace) -> int:
             result = experiment(setup, Path(tmp), endpoints=endpoints, say=say)
         except (httpx.HTTPError, OSError) as exc:
             raise ExperimentError(f"{type(exc).__name__}: {exc}") from exc
-    if args.json:
-        print(json.dumps(result))
-    else:
-        eps = result["epsilon"]
-        print(f"{result['dataset']}  {result['method']}  ε = {eps}  seeds = {result['seeds']}")
-        print(f"  mechanism MSE  {result['mechanism_mse']:,.1f}")
-        print(f"  test MSE       {result['test']['mse']:,.1f} ± {result['test']['mse_std']:,.1f}")
-        print(f"  ε spent        {result['epsilon_spent']:g}")
-        print(f"  seconds        {result['seconds']:.1f}")
+    print(json.dumps(result) if args.json else human(result))
     return 0
+
+
+def human(result: dict[str, Any]) -> str:
+    """The result for a terminal: one line per number."""
+    metric = result["mechanism_metric"]
+    name = "MSE" if metric == "mse" else metric
+    mechanism = result["mechanism_mse"]
+    mean, std = result["test"][metric], result["test"][f"{metric}_std"]
+    return "\n".join([
+        f"{result['dataset']}  {result['method']}  ε = {result['epsilon']}  "
+        f"seeds = {result['seeds']}",
+        f"  {'mechanism ' + name:<19}{'—' if mechanism is None else format(mechanism, ',.4g')}",
+        f"  {'test ' + name:<19}{mean:,.4g} ± {std:,.4g}",
+        f"  ε spent            {result['epsilon_spent']:g}",
+        f"  seconds            {result['seconds']:.1f}",
+    ])  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from feature_party.client import LabelsPartyClient
@@ -60,14 +61,21 @@ def endpoints_from(
 
 
 @contextmanager
-def local_services(workdir: Path, *, say: Callable[[str], None]) -> Iterator[Endpoints]:
-    """Both parties and a worker as processes on free ports; stopped on exit."""
+def local_services(
+    workdir: Path,
+    *,
+    say: Callable[[str], None],
+    features_env: Mapping[str, str] | None = None,
+) -> Iterator[Endpoints]:
+    """Both parties and a worker as processes on free ports; stopped on exit.
+    ``features_env`` adds settings for the features party and its worker (a sweep
+    of many short jobs sets ``LABELDP_POLL_SECONDS`` low)."""
     label_token, feature_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     label_port, feature_port = free_port(), free_port()
     label_env = {"LABELDP_DATA_DIR": str(workdir / "labels-party"),
                  "LABELDP_ADMIN_TOKEN": label_token}  # fmt: skip
     feature_env = {"LABELDP_DATA_DIR": str(workdir / "features-party"),
-                   "LABELDP_ADMIN_TOKEN": feature_token}  # fmt: skip
+                   "LABELDP_ADMIN_TOKEN": feature_token, **(features_env or {})}  # fmt: skip
     logs = workdir / "logs"
     services = [
         ServiceProcess("labels party", ["label-party", "serve", "--port", str(label_port)],
@@ -111,9 +119,12 @@ def _check(response: httpx.Response, what: str) -> dict[str, Any]:
 class Publisher:
     """The features party's side, over its REST API."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(
+        self, url: str, token: str, *, poll_seconds: float = 0.5, timeout: float = 120.0
+    ) -> None:
+        self.poll_seconds = poll_seconds
         self.http = httpx.Client(
-            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120.0
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
         )
 
     def upload_features(
@@ -146,7 +157,7 @@ class Publisher:
                 return state
             if state["status"] in ("failed", "cancelled"):
                 raise RunError(f"training job {job['id']} {state['status']}: {state.get('error')}")
-            time.sleep(0.5)
+            time.sleep(self.poll_seconds)
 
     def predict(self, model_id: str, table: pa.Table) -> np.ndarray:
         response = self.http.post(
@@ -162,28 +173,43 @@ class Publisher:
 # -- the referee -----------------------------------------------------------------------
 
 
+def released_labels(endpoints: Endpoints, token: str, release_id: str) -> pa.Table:
+    """A release's ``example_id, label`` as the features party downloads it."""
+    with LabelsPartyClient(endpoints.labels_url, token) as lp, tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "release.parquet"
+        lp.download_labels(release_id, path)
+        return pq.read_table(path)
+
+
+def align(ids: pa.Array | pa.ChunkedArray, example_id: np.ndarray) -> np.ndarray:
+    """Row positions in ``example_id`` of each id in ``ids`` (a columnar join, not
+    a Python dict per row: releases have millions of labels)."""
+    positions = pc.index_in(pc.cast(ids, pa.string()), value_set=pa.array(example_id))
+    if positions.null_count:
+        raise RunError(f"{positions.null_count} released example_id(s) are not in the dataset")
+    return np.asarray(positions.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def noisy_label_mse(
     endpoints: Endpoints, token: str, release_id: str, truth: Mapping[str, float]
 ) -> float:
     """The referee's view: how far the released labels are from the true ones."""
-    with LabelsPartyClient(endpoints.labels_url, token) as lp, tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "release.parquet"
-        lp.download_labels(release_id, path)
-        table = pq.read_table(path)
+    table = released_labels(endpoints, token, release_id)
     ids = table.column("example_id").to_pylist()
     noisy = table.column("label").to_numpy()
     true = np.array([truth[i] for i in ids])
     return float(np.mean((noisy - true) ** 2))
 
 
-def non_private_baseline(
+def non_private_predictions(
     data: Dataset,
     train_rows: np.ndarray,
     test_rows: np.ndarray,
     training: Mapping[str, Any],
     workdir: Path,
-) -> float:
-    """Test MSE of the same model trained on the true labels, outside the services."""
+) -> np.ndarray:
+    """Test-row predictions of the model trained on the true labels, outside the
+    services (class indices for classification)."""
     from feature_party.training.artifact import Predictor
     from feature_party.training.config import TrainingConfig
     from feature_party.training.data import ColumnRoles
@@ -200,6 +226,17 @@ def non_private_baseline(
     import torch
 
     result = train(prepared, config, device=torch.device("cpu"))
-    predictor = Predictor(result.model, prepared.preprocessing, prepared.loss, "regression")
-    predictions = predictor.predict(data.features_table(test_rows))
+    predictor = Predictor(result.model, prepared.preprocessing, prepared.loss, config.task)
+    return np.asarray(predictor.predict(data.features_table(test_rows)), dtype=np.float64)
+
+
+def non_private_baseline(
+    data: Dataset,
+    train_rows: np.ndarray,
+    test_rows: np.ndarray,
+    training: Mapping[str, Any],
+    workdir: Path,
+) -> float:
+    """Test MSE of the same model trained on the true labels, outside the services."""
+    predictions = non_private_predictions(data, train_rows, test_rows, training, workdir)
     return float(np.mean((predictions - data.labels[test_rows]) ** 2))

@@ -111,3 +111,15 @@ def test_subsample_ignores_labels() -> None:
     assert len(a) == 20 and list(a.example_id) == list(b.example_id)
     assert a.features.column("x").to_pylist() == [int(i[1:]) for i in a.example_id]
     assert subsample(data, 100) is data
+
+
+def test_human_output_names_the_metric() -> None:
+    from labeldp.experiment import human
+
+    result = {"dataset": "fashion-mnist", "method": "rr", "epsilon": 1.0, "seeds": 2,
+              "mechanism_metric": "accuracy", "mechanism_mse": 0.25,
+              "test": {"accuracy": 0.8, "accuracy_std": 0.01}, "epsilon_spent": 2.0,
+              "seconds": 3.0}  # fmt: skip
+    lines = human(result).splitlines()
+    assert lines[1].split() == ["mechanism", "accuracy", "0.25"]
+    assert lines[2].split() == ["test", "accuracy", "0.8", "±", "0.01"]

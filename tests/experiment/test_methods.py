@@ -1,12 +1,11 @@
 """``labeldp experiment`` through the real services, one small configuration per
-method, all in ONE set of services started once for the module (the harness's
-``local_services``) and passed by URL and token, as a user would."""
+regression method, all in ONE set of services started once for the session
+(``conftest.endpoints``) and passed by URL and token, as a user would."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,24 +13,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from labeldp.datasets import DatasetUnavailableError, load
-from labeldp.experiment import METHODS, main, subsample
-from labeldp.harness import Endpoints, local_services, non_private_baseline
+from labeldp.datasets import load
+from labeldp.experiment import REGRESSION, main, methods_for, subsample
+from labeldp.harness import Endpoints, non_private_baseline
 
 pytestmark = pytest.mark.slow
 
 SMALL = ["--dataset", "rand-hie-spend", "--epochs", "2", "--max-examples", "4000", "--json"]
 EPSILON = 1.0
-
-
-@pytest.fixture(scope="module")
-def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
-    try:
-        load("rand-hie-spend")
-    except DatasetUnavailableError as exc:
-        pytest.skip(str(exc))
-    with local_services(tmp_path_factory.mktemp("services"), say=print) as running:
-        yield running
 
 
 def _run(
@@ -54,7 +43,12 @@ def _run(
     return result
 
 
-PRIVATE = [m for m in METHODS if m != "non-private"]
+PRIVATE = [m for m in methods_for(REGRESSION) if m != "non-private"]
+
+
+def test_every_regression_method_is_covered() -> None:
+    assert PRIVATE == ["laplace", "laplace-clipped", "staircase", "staircase-clipped",
+                       "exponential", "rr-on-bins", "unbiased"]  # fmt: skip
 
 
 @pytest.mark.parametrize("method", PRIVATE)
