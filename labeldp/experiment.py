@@ -164,6 +164,22 @@ def _upload_groups(ctx: SeedContext) -> dict[str, Any]:
     return {"prior_id": prior.id}
 
 
+def _lp_2st(ctx: SeedContext) -> Played:
+    """``lp-2st``: LP-MST with two stages (``rr-with-prior-lp-mst.txt`` Algorithm 3),
+    driven by the features party (``POST /v1/multistage``): ``rr`` on a random 40%,
+    then ``rr-with-prior`` on the rest with the stage-1 model's priors. Two
+    releases, so no single noisy-label accuracy is reported."""
+    setup, publisher = ctx.setup, ctx.services.publisher
+    run = publisher.multistage(
+        {"feature_set_id": ctx.feature_set, "labels_party_url": ctx.services.endpoints.labels_url,
+         "token": ctx.token, "dataset_id": ctx.dataset_id, "epsilon": setup.epsilon,
+         "stages": 2, "seed": ctx.seed, "training": setup.training(ctx.seed)},
+        say=ctx.say,
+    )  # fmt: skip
+    predictions = publisher.predict(run["model_id"], setup.data.features_table(ctx.test_rows))
+    return Played(predictions=predictions, release_id=None)
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
@@ -181,6 +197,8 @@ METHODS: dict[str, Method] = {
         _classification("rr-with-prior-groups",
                         {"name": "rr-with-prior", "prior_source": "groups"},
                         prepare=_upload_groups),
+        Method("lp-2st", frozenset({CLASSIFICATION}), None, {CLASSIFICATION: "cross-entropy"},
+               play=_lp_2st),
     ]
 }  # fmt: skip
 
@@ -188,7 +206,6 @@ METHODS: dict[str, Method] = {
 #: of what the dataset's task offers. Register a :class:`Method` (with its own
 #: ``play`` for multi-stage or central training) in ``METHODS`` and drop it here.
 PENDING: dict[str, str] = {
-    "lp-2st": CLASSIFICATION,
     "dp-sgd": CLASSIFICATION,
     "labeldp-pro": CLASSIFICATION,
 }

@@ -159,6 +159,21 @@ class Publisher:
                 raise RunError(f"training job {job['id']} {state['status']}: {state.get('error')}")
             time.sleep(self.poll_seconds)
 
+    def multistage(self, body: dict[str, Any], *, say: Callable[[str], None]) -> dict[str, Any]:
+        """An LP-MST run (``POST /v1/multistage``), followed until it ends."""
+        run = _check(self.http.post("/v1/multistage", json=body), "starting an LP-MST run")
+        shown: set[str] = set()
+        while run["status"] == "running":
+            for stage in run["stages"]:
+                if stage.get("model_id") and stage["part"] not in shown:
+                    shown.add(stage["part"])
+                    say(f"    stage {stage['stage']} ({stage['part']}): model {stage['model_id']}")
+            time.sleep(0.5)
+            run = _check(self.http.get(f"/v1/multistage/{run['id']}"), "reading an LP-MST run")
+        if run["status"] != "succeeded":
+            raise RunError(f"LP-MST run {run['id']} {run['status']}: {run.get('error')}")
+        return run
+
     def predict(self, model_id: str, table: pa.Table) -> np.ndarray:
         response = self.http.post(
             f"/v1/models/{model_id}/predict",

@@ -35,7 +35,7 @@ def _run(argv: list[str], endpoints: Endpoints, capsys: pytest.CaptureFixture[st
 
 def test_the_classification_methods() -> None:
     assert methods_for(CLASSIFICATION) == ["non-private", "rr", "rr-debiased",
-                                           "rr-with-prior-groups"]  # fmt: skip
+                                           "rr-with-prior-groups", "lp-2st"]  # fmt: skip
 
 
 @pytest.mark.parametrize("method", ["rr", "rr-debiased", "rr-with-prior-groups"])
@@ -61,6 +61,14 @@ def test_private_method(
     assert result["examples"] == 600 and result["seconds"] > 0
 
 
+def test_lp_2st(endpoints: Endpoints, capsys: pytest.CaptureFixture[str]) -> None:
+    result = _run([*TINY, "--method", "lp-2st", "--epsilon", str(EPSILON)], endpoints, capsys)
+    assert result["method"] == "lp-2st" and set(result["test"]) == {"accuracy", "accuracy_std"}
+    assert result["mechanism_mse"] is None  # two releases: no single noisy-label accuracy
+    # Two stages on disjoint parts: the dataset is charged ε once per example.
+    assert result["epsilon_spent"] == pytest.approx(EPSILON)
+
+
 def test_non_private_learns(endpoints: Endpoints, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--dataset", "fashion-mnist", "--max-examples", "1000", "--epochs", "3", "--json",
             "--method", "non-private"]  # fmt: skip
@@ -82,9 +90,8 @@ def test_clusters_use_features_only() -> None:
 @pytest.mark.parametrize(
     ("method", "needle"),
     [
-        ("lp-2st", "not wired into experiments yet; for classification choose one of: "
-                   "non-private, rr, rr-debiased, rr-with-prior-groups"),
-        ("dp-sgd", "not wired"),
+        ("dp-sgd", "not wired into experiments yet; for classification choose one of: "
+                   "non-private, rr, rr-debiased, rr-with-prior-groups, lp-2st"),
         ("labeldp-pro", "not wired"),
         ("laplace", "does not fit classification dataset 'fashion-mnist'; choose one of: "
                     "non-private, rr,"),
