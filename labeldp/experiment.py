@@ -70,7 +70,7 @@ from labeldp.harness import (
     released_labels,
 )
 
-__all__ = ["METHODS", "PENDING", "ExperimentError", "Method", "Services", "Setup",
+__all__ = ["METHODS", "ExperimentError", "Method", "Services", "Setup",
            "load_user_data", "main", "register", "run"]  # fmt: skip
 
 #: A failed step of a run (a service refused, a job failed): exit status 1.
@@ -112,7 +112,7 @@ class Played:
 
 #: A method's whole per-seed protocol. Methods that release labels once and train
 #: on them use :func:`release_and_train`; multi-stage or central methods
-#: (``lp-2st``, ``dp-sgd``, ``labeldp-pro``) plug in their own.
+#: (``lp-2st``, ``dp-sgd``, ``labeldp-pro``) have their own.
 SeedPlay = Callable[[SeedContext], Played]
 #: Uploads a method's label-independent input (groups, priors) for one seed and
 #: returns the parameters the release's ``mechanism`` object gains.
@@ -180,6 +180,47 @@ def _lp_2st(ctx: SeedContext) -> Played:
     return Played(predictions=predictions, release_id=None)
 
 
+#: Public DP-SGD settings of the central methods (``labeldp-pro.txt`` Appendix D;
+#: the values ``bench/bench_labeldp_pro.py`` uses on a CPU).
+CENTRAL_SPEC = {"optimizer": "momentum", "learning_rate": 0.3, "clip_norm": 1.0,
+                "alt_batch_size": 32, "projection_steps": 30}  # fmt: skip
+
+
+def delta_for(n: int) -> float:
+    """δ ≤ 1/n with at most 12 decimals (the ledger is exact to 18; a float's
+    ``1/n`` has more digits than the API accepts)."""
+    return math.floor(1e12 / n) / 1e12
+
+
+def _central(denoiser: str) -> SeedPlay:
+    """``dp-sgd`` (``noop``) and ``labeldp-pro`` (``alt-conv``): the publisher sends
+    its features of the training rows to the labels party, whose worker trains by
+    DP-SGD at (ε, δ = 1/n) (``POST /v1/datasets/{id}/trainings``); the model is the
+    release, imported into the features party's registry to predict."""
+
+    def play(ctx: SeedContext) -> Played:
+        setup, endpoints = ctx.setup, ctx.services.endpoints
+        training = setup.training(ctx.seed)
+        spec = {**CENTRAL_SPEC, "epsilon": setup.epsilon, "delta": delta_for(ctx.train_rows.size),
+                "denoiser": denoiser, "epochs": setup.epochs,
+                "architecture": "cnn" if training.get("architecture") == "cnn" else "mlp",
+                "idempotency_key": f"experiment-{ctx.dataset_id}"}  # fmt: skip
+        features = parquet_bytes(setup.data.features_table(ctx.train_rows))
+        with LabelsPartyClient(endpoints.labels_url, ctx.token) as publisher:
+            job = publisher.create_training(ctx.dataset_id, features, spec)
+            while job["status"] in ("queued", "running"):
+                time.sleep(0.5)
+                job = publisher.get_training(job["id"])
+        if job["status"] != "succeeded":
+            raise RunError(f"training {job['id']} {job['status']}: {job.get('error')}")
+        ctx.say(f"seed {ctx.seed}: {denoiser} model trained at ε = {setup.epsilon:g}")
+        model = ctx.services.publisher.import_model(endpoints.labels_url, ctx.token, job["id"])
+        test = setup.data.features_table(ctx.test_rows)
+        return Played(predictions=ctx.services.publisher.predict(model, test), release_id=None)
+
+    return play
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
@@ -199,16 +240,12 @@ METHODS: dict[str, Method] = {
                         prepare=_upload_groups),
         Method("lp-2st", frozenset({CLASSIFICATION}), None, {CLASSIFICATION: "cross-entropy"},
                play=_lp_2st),
+        Method("dp-sgd", frozenset({CLASSIFICATION}), None, {CLASSIFICATION: "cross-entropy"},
+               play=_central("noop")),
+        Method("labeldp-pro", frozenset({CLASSIFICATION}), None,
+               {CLASSIFICATION: "cross-entropy"}, play=_central("alt-conv")),
     ]
 }  # fmt: skip
-
-#: Methods the issue names whose wiring has not landed yet: refused with the list
-#: of what the dataset's task offers. Register a :class:`Method` (with its own
-#: ``play`` for multi-stage or central training) in ``METHODS`` and drop it here.
-PENDING: dict[str, str] = {
-    "dp-sgd": CLASSIFICATION,
-    "labeldp-pro": CLASSIFICATION,
-}
 
 
 def methods_for(task: str) -> list[str]:
@@ -484,9 +521,11 @@ def _open_dataset(
     labels, and a client granted it → ``(dataset_id, client token)``."""
     data, endpoints = setup.data, services.endpoints
     with LabelsPartyClient(endpoints.labels_url, endpoints.labels_admin_token) as advertiser:
+        # δ = 1/n for the central methods (DP-SGD); the others spend no δ.
         dataset = advertiser.create_dataset(
             name=f"{data.name} experiment {setup.method} seed {seed}", task=data.task,
             label_domain=data.label_domain, epsilon_budget=setup.epsilon,
+            delta_budget=delta_for(train_rows.size),
         )  # fmt: skip
         advertiser.upload_labels(dataset["id"], parquet_bytes(data.labels_table(train_rows)))
         client = advertiser.create_client(name=f"experiment seed {seed}", role="client")
@@ -663,10 +702,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def setup_from(args: argparse.Namespace) -> Setup:
     """Check the arguments (``ValueError`` on bad input) and load the data."""
-    if args.method in PENDING:
-        task = PENDING[args.method]
-        raise ValueError(f"method {args.method!r} is not wired into experiments yet; for "
-                         f"{task} choose one of: {', '.join(methods_for(task))}")  # fmt: skip
     if args.method not in METHODS:
         raise ValueError(f"unknown method {args.method!r}; known: {', '.join(METHODS)}")
     epsilon = args.epsilon

@@ -83,9 +83,13 @@ def local_services(
         ServiceProcess("features party", ["feature-party", "serve", "--port", str(feature_port)],
                        feature_env, logs / "features-party.log", port=feature_port),
         ServiceProcess("worker", ["feature-party", "worker"], feature_env, logs / "worker.log"),
+        # Trains LabelDP-Pro / DP-SGD models next to the labels (the dp-sgd and
+        # labeldp-pro methods); idle otherwise.
+        ServiceProcess("labels-party worker", ["label-party", "worker"], label_env,
+                       logs / "labels-party-worker.log"),
     ]  # fmt: skip
     say(f"starting the labels party (:{label_port}), the features party (:{feature_port}) "
-        f"and a worker; logs in {logs}")  # fmt: skip
+        f"and a worker for each; logs in {logs}")  # fmt: skip
     with running(*services):
         yield Endpoints(
             labels_url=services[0].url,
@@ -173,6 +177,13 @@ class Publisher:
         if run["status"] != "succeeded":
             raise RunError(f"LP-MST run {run['id']} {run['status']}: {run.get('error')}")
         return run
+
+    def import_model(self, labels_party_url: str, token: str, training_id: str) -> str:
+        """A model the labels party trained (LabelDP-Pro), into this party's registry."""
+        body = {"labels_party_url": labels_party_url, "token": token, "training_id": training_id}
+        return str(
+            _check(self.http.post("/v1/models/import", json=body), "importing a model")["id"]
+        )
 
     def predict(self, model_id: str, table: pa.Table) -> np.ndarray:
         response = self.http.post(

@@ -35,7 +35,8 @@ def _run(argv: list[str], endpoints: Endpoints, capsys: pytest.CaptureFixture[st
 
 def test_the_classification_methods() -> None:
     assert methods_for(CLASSIFICATION) == ["non-private", "rr", "rr-debiased",
-                                           "rr-with-prior-groups", "lp-2st"]  # fmt: skip
+                                           "rr-with-prior-groups", "lp-2st", "dp-sgd",
+                                           "labeldp-pro"]  # fmt: skip
 
 
 @pytest.mark.parametrize("method", ["rr", "rr-debiased", "rr-with-prior-groups"])
@@ -69,6 +70,17 @@ def test_lp_2st(endpoints: Endpoints, capsys: pytest.CaptureFixture[str]) -> Non
     assert result["epsilon_spent"] == pytest.approx(EPSILON)
 
 
+@pytest.mark.parametrize("method", ["dp-sgd", "labeldp-pro"])
+def test_central_method(
+    method: str, endpoints: Endpoints, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The model is the release: trained by the labels party's worker at (ε, δ)."""
+    result = _run([*TINY, "--method", method, "--epsilon", str(EPSILON)], endpoints, capsys)
+    assert result["method"] == method and 0 <= result["test"]["accuracy"] <= 1
+    assert result["mechanism_mse"] is None  # no labels are released
+    assert result["epsilon_spent"] == pytest.approx(EPSILON)
+
+
 def test_non_private_learns(endpoints: Endpoints, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--dataset", "fashion-mnist", "--max-examples", "1000", "--epochs", "3", "--json",
             "--method", "non-private"]  # fmt: skip
@@ -90,9 +102,6 @@ def test_clusters_use_features_only() -> None:
 @pytest.mark.parametrize(
     ("method", "needle"),
     [
-        ("dp-sgd", "not wired into experiments yet; for classification choose one of: "
-                   "non-private, rr, rr-debiased, rr-with-prior-groups, lp-2st"),
-        ("labeldp-pro", "not wired"),
         ("laplace", "does not fit classification dataset 'fashion-mnist'; choose one of: "
                     "non-private, rr,"),
     ],
