@@ -102,21 +102,31 @@ class ServiceProcess:
 
 @contextlib.contextmanager
 def _terminate_cleanly() -> Iterator[None]:
-    """While services run, SIGTERM unwinds like Ctrl-C, so ``running`` stops them:
-    Python's default SIGTERM ends the process without cleanup and would leave the
-    services (each in its own session) behind. Only the main thread can set it."""
+    """While services run, SIGTERM and SIGINT unwind as KeyboardInterrupt, so
+    ``running`` stops them. Python's default SIGTERM ends the process without
+    cleanup, and a SIGINT a shell set to "ignore" (a background job inherits
+    that) would be lost; either would leave the services (each in its own
+    session) behind. Later signals are ignored until the services have stopped.
+    Only the main thread can set handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    unwinding = False
+
     def handler(signum: int, _frame: object) -> None:
+        nonlocal unwinding
+        if unwinding:  # a second Ctrl-C must not cut the services' shutdown short
+            return
+        unwinding = True
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
