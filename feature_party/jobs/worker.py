@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import threading
 import time
 import traceback
@@ -37,6 +36,7 @@ from feature_party.orm import FeatureSet, Model, ReceivedLabels, utcnow
 from feature_party.training import distributed
 from feature_party.training.loop import Interrupted, Progress
 from feature_party.training.runner import RunSpec, execute
+from shared.worker_loop import PollingWorker
 
 log = logging.getLogger("labeldp.feature_party.worker")
 
@@ -52,39 +52,16 @@ class _Shared:
     lost: bool = False
 
 
-class Worker:
+class Worker(PollingWorker):
     def __init__(
         self, database: Database, settings: Settings, *, worker_id: str | None = None
     ) -> None:
+        super().__init__(worker_id=worker_id, poll_seconds=settings.poll_seconds)
         self.db = database
         self.settings = settings
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.shutdown = threading.Event()
 
-    # -- loop -------------------------------------------------------------------------
-
-    def install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: Any) -> None:
-            log.info("signal %s: finishing up", signum)
-            self.shutdown.set()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-
-    def run(self, *, once: bool = False) -> int:
-        """Work until shut down (or, with ``once``, until the queue is empty).
-        Returns the number of jobs run."""
-        ran = 0
-        while not self.shutdown.is_set():
-            job_id = self.claim()
-            if job_id is None:
-                if once:
-                    break
-                self.shutdown.wait(self.settings.poll_seconds)
-                continue
-            self.run_job(job_id)
-            ran += 1
-        return ran
+    def run_item(self, item_id: str) -> None:
+        self.run_job(item_id)
 
     def claim(self) -> str | None:
         try:

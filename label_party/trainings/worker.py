@@ -27,13 +27,9 @@ process, and only the one model that succeeds is released, so the charge covers 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import socket
 import threading
 import time
 import traceback
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,6 +47,7 @@ from label_party.storage import labels_path
 from label_party.trainings import repository
 from label_party.trainings.service import features_path, models_dir
 from shared.parquet import publish_by_hash, temp_path
+from shared.worker_loop import PollingWorker
 
 log = logging.getLogger("label_party.trainings.worker")
 
@@ -126,37 +123,16 @@ def resolve_device(setting: str) -> str:
     return setting
 
 
-class Worker:
+class Worker(PollingWorker):
     def __init__(
         self, database: Database, settings: Settings, *, worker_id: str | None = None
     ) -> None:
+        super().__init__(worker_id=worker_id, poll_seconds=settings.worker_poll_seconds)
         self.db = database
         self.settings = settings
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.shutdown = threading.Event()
 
-    def install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: Any) -> None:
-            log.info("signal %s: finishing up", signum)
-            self.shutdown.set()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-
-    def run(self, *, once: bool = False) -> int:
-        """Work until shut down (with ``once``: until the queue is empty); returns
-        the number of trainings run."""
-        ran = 0
-        while not self.shutdown.is_set():
-            training_id = self.claim()
-            if training_id is None:
-                if once:
-                    break
-                self.shutdown.wait(self.settings.worker_poll_seconds)
-                continue
-            self.run_training(training_id)
-            ran += 1
-        return ran
+    def run_item(self, item_id: str) -> None:
+        self.run_training(item_id)
 
     def claim(self) -> str | None:
         try:

@@ -1,0 +1,66 @@
+"""The loop both parties' workers run (``labeldp feature-party worker`` for training
+jobs, ``labeldp label-party worker`` for LabelDP-Pro trainings): claim the oldest
+claimable item from a lease queue (``shared.lease_queue``), run it, and poll when
+the queue is empty. SIGTERM and SIGINT set :attr:`PollingWorker.shutdown`; each
+worker checks it while running an item and gives the item back to the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from typing import Any
+
+__all__ = ["PollingWorker", "default_worker_id"]
+
+log = logging.getLogger("labeldp.worker")
+
+
+def default_worker_id() -> str:
+    """``host:pid:random``: unique across machines and restarts."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class PollingWorker(ABC):
+    """Claim → run → repeat. Subclasses say how to claim an item and run one."""
+
+    def __init__(self, *, worker_id: str | None, poll_seconds: float) -> None:
+        self.worker_id = worker_id or default_worker_id()
+        self.poll_seconds = poll_seconds
+        self.shutdown = threading.Event()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            log.info("signal %s: finishing up", signum)
+            self.shutdown.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self, *, once: bool = False) -> int:
+        """Work until shut down (with ``once``: until the queue is empty); returns
+        the number of items run."""
+        ran = 0
+        while not self.shutdown.is_set():
+            item_id = self.claim()
+            if item_id is None:
+                if once:
+                    break
+                self.shutdown.wait(self.poll_seconds)
+                continue
+            self.run_item(item_id)
+            ran += 1
+        return ran
+
+    @abstractmethod
+    def claim(self) -> str | None:
+        """The id of the item this worker now holds the lease of, or ``None``."""
+
+    @abstractmethod
+    def run_item(self, item_id: str) -> None:
+        """Run one claimed item to its end (or give it back on shutdown)."""
