@@ -12,18 +12,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy.orm import Session
 
-from feature_party.client import (
-    LabelsPartyHTTPError,
-    LabelsPartyUnavailableError,
-    ReleaseIntegrityError,
-)
 from feature_party.config import Settings
 from feature_party.errors import ConflictError, InvalidInputError, UpstreamError
 from feature_party.feature_sets.ingest import read_table
 from feature_party.models.repository import ModelRepository
 from feature_party.models.schemas import ModelImport, ModelRead, Predictions
 from feature_party.orm import Model
-from feature_party.received_labels.service import make_client
+from feature_party.received_labels.service import UPSTREAM_ERRORS, make_client, upstream_error
 from feature_party.training.artifact import Predictor, load_artifact
 
 
@@ -65,17 +60,8 @@ def import_training(session: Session, settings: Settings, body: ModelImport) -> 
             client.download_model(
                 body.training_id, settings.data_dir / relative, expected_sha256=sha
             )
-        except LabelsPartyUnavailableError as exc:
-            raise UpstreamError(
-                str(exc), code="labels_party_unavailable", detail={"attempts": exc.attempts}
-            ) from None
-        except ReleaseIntegrityError as exc:
-            raise UpstreamError(str(exc), code="release_integrity_error") from None
-        except LabelsPartyHTTPError as exc:
-            raise UpstreamError(
-                f"the labels party refused: {exc.message}",
-                detail={"status": exc.status_code, "error": exc.error, "detail": exc.detail},
-            ) from None
+        except UPSTREAM_ERRORS as exc:
+            raise upstream_error(exc) from None
     return _register(session, settings, relative, training)
 
 

@@ -43,6 +43,29 @@ def make_client(settings: Settings, url: str, token: str) -> LabelsPartyClient:
     )
 
 
+#: What the client raises that this service answers as its own error.
+UPSTREAM_ERRORS = (LabelsPartyUnavailableError, ReleaseIntegrityError, LabelsPartyHTTPError)
+
+
+def upstream_error(
+    exc: LabelsPartyUnavailableError | ReleaseIntegrityError | LabelsPartyHTTPError,
+) -> ConflictError | UpstreamError:
+    """The labels party's failure as this service's answer: 409 for its
+    ``budget_exceeded``, 502 otherwise (its status and body in ``detail``)."""
+    if isinstance(exc, BudgetExceededError):
+        return ConflictError(exc.message, code="budget_exceeded", detail=exc.detail)
+    if isinstance(exc, LabelsPartyUnavailableError):
+        return UpstreamError(
+            str(exc), code="labels_party_unavailable", detail={"attempts": exc.attempts}
+        )
+    if isinstance(exc, ReleaseIntegrityError):
+        return UpstreamError(str(exc), code="release_integrity_error")
+    return UpstreamError(
+        f"the labels party refused: {exc.message}",
+        detail={"status": exc.status_code, "error": exc.error, "detail": exc.detail},
+    )
+
+
 def _integrity(message: str, release_id: str) -> UpstreamError:
     return UpstreamError(message, code="release_integrity_error", detail={"release_id": release_id})
 
@@ -103,19 +126,8 @@ def receive(
         relative = Path("received") / f"{manifest.sha256}.parquet"
         (settings.data_dir / relative).parent.mkdir(parents=True, exist_ok=True)
         tmp.replace(settings.data_dir / relative)
-    except BudgetExceededError as exc:
-        raise ConflictError(exc.message, code="budget_exceeded", detail=exc.detail) from None
-    except LabelsPartyUnavailableError as exc:
-        raise UpstreamError(
-            str(exc), code="labels_party_unavailable", detail={"attempts": exc.attempts}
-        ) from None
-    except ReleaseIntegrityError as exc:
-        raise UpstreamError(str(exc), code="release_integrity_error") from None
-    except LabelsPartyHTTPError as exc:
-        raise UpstreamError(
-            f"the labels party refused: {exc.message}",
-            detail={"status": exc.status_code, "error": exc.error, "detail": exc.detail},
-        ) from None
+    except UPSTREAM_ERRORS as exc:
+        raise upstream_error(exc) from None
     finally:
         tmp.unlink(missing_ok=True)
 
