@@ -267,3 +267,13 @@ def test_refusals_before_any_spend(server: Server, granted: Any, tmp_path: Path)
     r = submit(admin, regression, tabular(ids, labels), epsilon=1, architecture="mlp")
     assert r.status_code == 422 and "classification" in r.json()["message"]
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
+
+
+def test_a_request_cannot_choose_the_seed(server: Server, granted: Any) -> None:
+    """DESIGN §3.5: the noise and the sampling draw from the OS; no spec field sets them."""
+    admin, client, dataset_id, ids, labels = granted
+    for field in ("seed", "generator_seed"):
+        r = submit(client, dataset_id, tabular(ids, labels), epsilon=1, architecture="mlp",
+                   **{field: 7})  # fmt: skip
+        assert r.status_code == 422, r.text
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
