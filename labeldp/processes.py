@@ -106,19 +106,14 @@ def _terminate_cleanly() -> Iterator[None]:
     ``running`` stops them. Python's default SIGTERM ends the process without
     cleanup, and a SIGINT a shell set to "ignore" (a background job inherits
     that) would be lost; either would leave the services (each in its own
-    session) behind. Later signals are ignored until the services have stopped.
-    Only the main thread can set handlers."""
+    session) behind. ``_started`` ignores both while it stops the services, so a
+    second Ctrl-C cannot cut the shutdown short. Only the main thread can set
+    handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    unwinding = False
-
     def handler(signum: int, _frame: object) -> None:
-        nonlocal unwinding
-        if unwinding:  # a second Ctrl-C must not cut the services' shutdown short
-            return
-        unwinding = True
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -148,5 +143,8 @@ def _started(services: Sequence[ServiceProcess], timeout: float) -> Iterator[Non
                 service.wait_healthy(timeout)
         yield
     finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):  # restored by _terminate_cleanly
+                signal.signal(sig, signal.SIG_IGN)
         for service in reversed(started):
             service.stop()
