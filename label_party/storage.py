@@ -7,16 +7,26 @@ Layout (under ``LABELDP_DATA_DIR``)::
     priors/<dataset id>/<sha256>.parquet      example_id plus a group or K probabilities
     releases/<sha256>.parquet                 example_id: string, label: float64
     tmp/                                      files being written
+    trainings/features/<sha256>.parquet       a training's public features
+    trainings/models/<sha256>.pt              a trained model artifact
+    trainings/tmp/                            training files being written
 
-A file is written under ``tmp/`` and moved to its content-addressed name before
-the transaction that references it commits; a crash in between leaves an
-unreferenced file, never a row pointing at a missing one. Raw labels are read
-only by the release pipeline; nothing serves them.
+A file is written under ``tmp/`` (``trainings/tmp/``) and moved to its
+content-addressed name before the transaction that references it commits; a
+crash in between leaves an unreferenced file, never a row pointing at a missing
+one. Raw labels are read only by the release pipeline and the training worker;
+nothing serves them.
+
+Training files have their own ``tmp/`` because the training worker
+(``labeldp label-party worker``) is a separate process that may be writing a
+model while a server starts: the start-up sweep only touches training files
+older than :data:`TRAININGS_GRACE_SECONDS`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,12 +35,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from label_party.config import Settings
-from label_party.models import Dataset, PartitionPlan, PriorSet, Release
+from label_party.models import Dataset, PartitionPlan, PriorSet, Release, Training
 from shared.parquet import publish_by_hash, temp_path
 
 logger = logging.getLogger("label_party.storage")
 
 ROW_GROUP = 1 << 20
+
+#: Training files younger than this are never swept: a request or the worker may
+#: have published one whose row is not committed yet (both take seconds; an hour
+#: leaves a wide margin for a slow disk or a large upload).
+TRAININGS_GRACE_SECONDS = 3600.0
 
 
 def write_table(settings: Settings, table: pa.Table, directory: Path) -> str:
@@ -57,6 +72,26 @@ def release_path(settings: Settings, sha256: str) -> Path:
     return settings.releases_dir / f"{sha256}.parquet"
 
 
+def training_features_dir(settings: Settings) -> Path:
+    return settings.trainings_dir / "features"
+
+
+def training_features_path(settings: Settings, sha256: str) -> Path:
+    return training_features_dir(settings) / f"{sha256}.parquet"
+
+
+def training_models_dir(settings: Settings) -> Path:
+    return settings.trainings_dir / "models"
+
+
+def training_model_path(settings: Settings, sha256: str) -> Path:
+    return training_models_dir(settings) / f"{sha256}.pt"
+
+
+def training_tmp_dir(settings: Settings) -> Path:
+    return settings.trainings_dir / "tmp"
+
+
 def _quarantine(settings: Settings, path: Path) -> None:
     """Move an unreferenced file under ``orphans/`` instead of deleting it: a server
     started against the wrong (or an empty) database must not destroy data."""
@@ -65,15 +100,21 @@ def _quarantine(settings: Settings, path: Path) -> None:
     path.replace(target)
 
 
-def sweep_orphans(settings: Settings, session: Session) -> int:
+def sweep_orphans(
+    settings: Settings,
+    session: Session,
+    *,
+    trainings_grace_seconds: float = TRAININGS_GRACE_SECONDS,
+) -> int:
     """Set aside files no committed row references (left by a crash before commit).
 
     Partial writes under ``tmp/`` are deleted; complete files that no row
     references are moved to ``orphans/`` for the operator to inspect or delete.
     Run at start-up, before the server accepts requests; assumes one server per
-    data directory.
+    data directory. Training files are swept only once older than
+    ``trainings_grace_seconds`` (see the module docstring).
     """
-    removed = 0
+    removed = _sweep_trainings(settings, session, grace_seconds=trainings_grace_seconds)
     if settings.tmp_dir.exists():
         for path in settings.tmp_dir.iterdir():
             path.unlink(missing_ok=True)
@@ -105,3 +146,39 @@ def sweep_orphans(settings: Settings, session: Session) -> int:
             extra={"fields": {"files": removed}},
         )
     return removed
+
+
+def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: float) -> int:
+    """The training files of :func:`sweep_orphans`: features and models that no
+    training row references (whatever its status: a failed or cancelled
+    training's row still names its features), and stale partial writes."""
+    cutoff = time.time() - grace_seconds
+    removed = 0
+    tmp = training_tmp_dir(settings)
+    if tmp.exists():
+        for path in tmp.iterdir():
+            if _older_than(path, cutoff):
+                path.unlink(missing_ok=True)
+                removed += 1
+    # Read the rows before listing the files: a file published after this query
+    # is younger than the cutoff, so it is never taken for an orphan.
+    features = set(session.scalars(select(Training.features_sha256)))
+    models = {s for s in session.scalars(select(Training.model_sha256)) if s is not None}
+    for root, pattern, keep in (
+        (training_features_dir(settings), "*.parquet", features),
+        (training_models_dir(settings), "*.pt", models),
+    ):
+        if root.exists():
+            for path in root.glob(pattern):
+                if path.stem not in keep and _older_than(path, cutoff):
+                    _quarantine(settings, path)
+                    removed += 1
+    return removed
+
+
+def _older_than(path: Path, cutoff: float) -> bool:
+    """Last modified before ``cutoff``; False if it vanished meanwhile."""
+    try:
+        return path.stat().st_mtime < cutoff
+    except FileNotFoundError:
+        return False

@@ -15,6 +15,20 @@ of examples ``I`` — the batch itself (SELFSPAN, SELFCONV) or an independent ba
 * ``G·u`` is a vector-Jacobian product of ``L`` with cotangent ``u`` (reverse mode);
 * ``Gᵀ·v`` is a Jacobian-vector product of ``L`` in direction ``v`` (forward mode).
 
+**Vertices are clipped like the signal.** Algorithm 1 privatizes the mean of
+*clipped* gradients ``ḡ = g / max(1, ‖g‖/C)`` (line 4). That mean lies in the hull
+of the *clipped* per-class gradients — §3.1's premise, in the C-bounded setting of
+Lemma 4 — and that hull is on the signal's scale. (It also lies in the raw hull,
+which contains 0, but that set is far larger: on the Table-10a CNN after a few
+steps the raw columns are ~50× ‖ḡ‖.) A larger set keeps more of the noise, and
+§3.3's smoothing term ``(1 − λ)·Gβ`` over raw columns swamps the signal: on
+Fashion-MNIST the denoised gradient's cosine with the true one fell to ≈ 0 with
+raw columns and λ = 0.75 (bench/README.md, "LabelDP-Pro").
+So ``G``'s columns are scaled by ``s_{iκ} = min(1, C/‖∇ℓ(x_i, κ)‖)``: ``G_C = G·diag(s)``,
+``G_C·u = G·(s ⊙ u)`` and ``G_Cᵀ·v = s ⊙ (Gᵀ·v)``. The ``|I|·K`` column norms are
+computed once per projection, a chunk of examples at a time, so ``G`` is still
+never held whole. ``clip_norm=None`` keeps the raw columns (ablation only).
+
 Columns are ordered example-major: column ``i·K + κ`` is example ``i``, class ``κ``.
 Flat parameter vectors concatenate the model's trainable parameters in
 ``named_parameters`` order (:func:`trainable_parameters`).
@@ -31,7 +45,7 @@ from typing import Final, Literal, get_args
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, jacrev, jvp, vjp
+from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
 DenoiserName = Literal["noop", "self-span", "self-conv", "alt-conv"]
 DENOISERS: Final[tuple[str, ...]] = get_args(DenoiserName)
@@ -44,6 +58,8 @@ DEFAULT_SMOOTHING: Final = 0.75
 DEFAULT_PROJECTION_STEPS: Final = 200
 #: Power iterations for the automatic PGD step size.
 _POWER_ITERATIONS: Final = 8
+#: Per-example Jacobian entries held at once while computing column norms (64 MiB).
+_NORM_CHUNK_FLOATS: Final = 16 * 2**20
 
 Params = dict[str, Tensor]
 
@@ -104,13 +120,24 @@ class PerClassGradients:
     ``inputs`` are the features of the examples whose per-class gradients span the
     projection set; ``K = num_classes`` columns per example. The loss is the
     cross-entropy ``ℓ(v, κ) = −log softmax(v)_κ`` (§2, Appendix C).
+    ``clip_norm`` ``C`` clips every column like Algorithm 1 clips the signal
+    (module docstring); ``None`` keeps raw columns.
     ``probabilities`` ``[n, K]`` are the model's softmax outputs on ``inputs``
     (a by-product of the recorded forward pass; features only, no labels).
     """
 
-    def __init__(self, model: nn.Module, inputs: Tensor, num_classes: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Tensor,
+        num_classes: int,
+        *,
+        clip_norm: float | None = None,
+    ) -> None:
         if num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0 or None, got {clip_norm}")
         _prepare_forward_mode()
         self.model = model
         self.inputs = inputs
@@ -123,6 +150,10 @@ class PerClassGradients:
         # for every G·u of the projection loop.
         losses, self._vjp_fn = vjp(self.stacked_losses, self.params)[:2]
         self.probabilities = torch.exp(-losses.detach()).reshape(-1, num_classes)
+        self.scales: Tensor | None = None
+        if clip_norm is not None:
+            norms = self.column_norms()
+            self.scales = torch.clamp(clip_norm / torch.clamp(norms, min=1e-12), max=1.0)
 
     def stacked_losses(self, params: Params) -> Tensor:
         """``L(θ)``: the loss of every (example, class) pair, example-major."""
@@ -134,6 +165,8 @@ class PerClassGradients:
 
     def matvec(self, u: Tensor) -> Tensor:
         """``G·u`` (``u`` ∈ R^{|I|·K}) → R^d: a VJP of ``L`` with cotangent ``u``."""
+        if self.scales is not None:
+            u = u * self.scales
         # Under no_grad the replay builds no graph for a second derivative.
         with torch.no_grad():
             (grads,) = self._vjp_fn(u.to(dtype=self._dtype))
@@ -144,13 +177,39 @@ class PerClassGradients:
         tangent = unflatten(v.to(dtype=self._dtype), self.params)
         with torch.no_grad():
             out: Tensor = jvp(self.stacked_losses, (self.params,), (tangent,))[1]
-        return out
+        return out if self.scales is None else out * self.scales
+
+    def column_norms(self, max_floats: int = _NORM_CHUNK_FLOATS) -> Tensor:
+        """``‖∇ℓ(x_i, κ)‖`` of the *raw* columns, example-major like ``G``.
+
+        Per-example Jacobians ``[chunk, K, d]`` by ``vmap(jacrev)``, a chunk of at
+        most ``max_floats`` entries at a time, reduced to norms and dropped.
+        """
+        n = int(self.inputs.shape[0])
+        chunk = max(1, max_floats // (self.num_classes * max(self.dim, 1)))
+
+        def losses_one(params: Params, x: Tensor) -> Tensor:
+            logits = functional_call(self.model, (params, self.buffers), (x.unsqueeze(0),))
+            return -torch.log_softmax(logits, dim=-1).reshape(-1)
+
+        per_example = vmap(jacrev(losses_one), in_dims=(None, 0))
+        parts = []
+        with torch.no_grad():
+            for start in range(0, n, chunk):
+                jac = per_example(self.params, self.inputs[start : start + chunk])
+                squared = sum(
+                    j.reshape(j.shape[0], self.num_classes, -1).square().sum(-1)
+                    for j in jac.values()
+                )
+                parts.append(torch.sqrt(squared).reshape(-1))
+        return torch.cat(parts)
 
     def dense(self) -> Tensor:
         """``G`` itself, ``d × |I|·K``, through ``jacrev``. For tests on small models."""
         jac = jacrev(self.stacked_losses)(self.params)
         rows = [j.reshape(self.num_columns, -1) for j in jac.values()]
-        return torch.cat(rows, dim=1).T
+        g = torch.cat(rows, dim=1).T
+        return g if self.scales is None else g * self.scales
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -195,16 +254,20 @@ def estimate_step_size(op: PerClassGradients, iterations: int = _POWER_ITERATION
 
 def origin_weights(op: PerClassGradients) -> Tensor:
     """``α₀ ∈ Δ`` with ``Gα₀ = 0``: each example's classes weighted by the model's
-    own probabilities, ``α₀[i, κ] = p_i(κ)/n``.
+    own probabilities, ``α₀[i, κ] ∝ p_i(κ)/s_{iκ}`` (``s`` the column scales, 1 when
+    unclipped), each example's weights summing to ``1/n``.
 
-    For cross-entropy ``Σ_κ p(κ)∇ℓ(x, κ) = Jᵀ(p − Σ_κ p(κ)e_κ) = 0``, so PGD starts
-    at the zero gradient, the hull point that carries no information, instead of
-    the uniform weights, whose image (the mean per-class gradient) grows large
-    and points away from the signal once the model is confident; a few PGD steps
-    from there can leave the denoised gradient dominated by it.
+    For cross-entropy ``Σ_κ p(κ)∇ℓ(x, κ) = Jᵀ(p − Σ_κ p(κ)e_κ) = 0``, and a clipped
+    column is ``s_{iκ}∇ℓ(x_i, κ)``, so PGD starts at the zero gradient, the hull
+    point that carries no information, instead of the uniform weights, whose
+    image (the mean per-class gradient) points away from the signal once the
+    model is confident.
     """
     n = op.probabilities.shape[0]
-    weights = op.probabilities / op.probabilities.sum(dim=1, keepdim=True) / n
+    weights = op.probabilities
+    if op.scales is not None:
+        weights = weights / op.scales.reshape(n, -1)
+    weights = weights / weights.sum(dim=1, keepdim=True) / n
     return weights.reshape(-1)
 
 
@@ -307,14 +370,18 @@ def denoise(
     step_size: float | None = None,
     smoothing: float = DEFAULT_SMOOTHING,
     method: ProjectionMethod = "pgd",
+    vertex_clip_norm: float | None = None,
 ) -> Tensor:
     """Table 1: the denoised gradient, a flat vector like ``noisy_gradient``.
 
     ``inputs`` are the features spanning the projection set: the batch ``I^G`` for
     SELFSPAN / SELFCONV, the independent batch ``I^P`` for ALTCONV, unused by NOOP.
-    The convex-hull denoisers return ``G·α̃`` with §3.3's smoothed coefficients;
-    SELFSPAN returns the plain orthogonal projection ``G·α`` (smoothing is defined
-    for convex weights only). With no examples to project on, the result is zero.
+    The convex-hull denoisers return ``G·α̃`` with §3.3's smoothed coefficients
+    over the hull of per-class gradients clipped to ``vertex_clip_norm`` (the
+    signal's ``C``; module docstring); SELFSPAN returns the plain orthogonal
+    projection ``G·α`` (smoothing is defined for convex weights only; clipping
+    columns does not change a span). With no examples to project on, the result
+    is zero.
     """
     if denoiser == "noop":
         return noisy_gradient
@@ -323,9 +390,10 @@ def denoise(
     if inputs is None or inputs.shape[0] == 0:
         return torch.zeros_like(noisy_gradient)
     with eval_mode(model):
-        op = PerClassGradients(model, inputs, num_classes)
         if denoiser == "self-span":
+            op = PerClassGradients(model, inputs, num_classes)
             return op.matvec(project_span(op, noisy_gradient, steps=steps))
+        op = PerClassGradients(model, inputs, num_classes, clip_norm=vertex_clip_norm)
         alpha = project_convex_hull(
             op, noisy_gradient, steps=steps, step_size=step_size, method=method
         )

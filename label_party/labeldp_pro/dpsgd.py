@@ -66,7 +66,9 @@ class LabelDPProConfig:
     the labels. ``alt_batch_size`` is ALTCONV's ``n₂``; ``projection_steps`` and
     ``projection_step_size`` drive §3.2's PGD (``None``: automatic step;
     ``projection_method="fista"`` accelerates it);
-    ``smoothing`` is §3.3's ``λ``. ``physical_batch_size`` bounds how many
+    ``smoothing`` is §3.3's ``λ``; ``clip_vertices`` clips the projection set's
+    per-class gradients at ``clip_norm`` like the signal (``False`` only for
+    ablations; :mod:`.denoisers`). ``physical_batch_size`` bounds how many
     per-example gradients are held at once (memory only; no effect on privacy).
     """
 
@@ -85,6 +87,7 @@ class LabelDPProConfig:
     projection_step_size: float | None = None
     projection_method: ProjectionMethod = "pgd"
     smoothing: float = DEFAULT_SMOOTHING
+    clip_vertices: bool = True
     physical_batch_size: int = 1024
     device: str = "cpu"
     report_training_loss: bool = False
@@ -236,12 +239,16 @@ def train_labeldp_pro(
     config: LabelDPProConfig,
     report: ProgressCallback | None = None,
     generator: torch.Generator | None = None,
+    noise_multiplier: float | None = None,
 ) -> TrainingResult:
     """Train ``model`` with LabelDP-Pro (Algorithm 1) at the configured (ε, δ).
 
     ``features`` ``[n, ...]`` are public; ``labels`` ``[n]`` are the private class
     indices. ``generator`` drives the sampling and the noise; by default a fresh
     OS-seeded one (:func:`secure_torch_generator`) — pass one only in tests.
+    ``noise_multiplier`` is a σ calibrated beforehand (the labels party plans it
+    when it accepts a training); it is re-accounted here and refused if its ε
+    exceeds the configured one. ``None`` calibrates σ here.
     Returns the model (trained in place), its :class:`AccountingRecord` and history.
     """
     device = torch.device(config.device)
@@ -257,10 +264,17 @@ def train_labeldp_pro(
     total_steps = config.epochs * steps_per_epoch
     q = config.expected_batch_size / n
     amplification = amplification_for(config.denoiser)
-    sigma = calibrate_noise(
-        config.epsilon, config.delta, q, total_steps, amplification=amplification
-    )
+    sigma = noise_multiplier
+    if sigma is None:
+        sigma = calibrate_noise(
+            config.epsilon, config.delta, q, total_steps, amplification=amplification
+        )
     record = account(sigma, q, total_steps, config.delta, amplification=amplification)
+    if record.epsilon > config.epsilon:
+        raise ValueError(
+            f"noise multiplier {sigma:g} gives epsilon {record.epsilon:g} over "
+            f"{total_steps} steps, above the configured {config.epsilon:g}"
+        )
 
     optimizer = _make_optimizer(model, config)
     loop = _Loop(model, x, y, config, sigma, q, gen, optimizer)
@@ -327,6 +341,7 @@ class _Loop:
             step_size=cfg.projection_step_size,
             smoothing=cfg.smoothing,
             method=cfg.projection_method,
+            vertex_clip_norm=cfg.clip_norm if cfg.clip_vertices else None,
         )
         self._apply(params, denoised)
         stats.add(batch.numel(), noisy, denoised, loss_sum if cfg.report_training_loss else None)

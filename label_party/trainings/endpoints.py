@@ -35,9 +35,13 @@ TRAINING_BODY = multipart_body(
     summary="Spend (ε, δ) on a LabelDP-Pro model trained on your features (admin, granted client)",
     description="Multipart `file` (public features: `example_id` and numeric columns) and "
     "`spec` (JSON: `epsilon`, `delta` (default 1/n), `denoiser`, `architecture`, "
-    "`epochs`, …). Classification datasets only. The budget is charged now, in the "
-    "request's transaction, and never refunded; 409 `budget_exceeded` stores nothing. "
-    "A labels-party worker trains the model; follow `GET /v1/trainings/{id}`.",
+    "`epochs`, …). Classification datasets only. Before anything is charged the noise "
+    "plan the worker will train with (sampling rate, steps, noise multiplier σ) is "
+    "calibrated and returned in `spec.plan`; a spec that cannot be trained as asked "
+    "(σ above B·√T, δ not below 1) is refused with 422 and spends nothing. The budget "
+    "is charged now, in the request's transaction, and never refunded; 409 "
+    "`budget_exceeded` stores nothing. A labels-party worker trains the model; follow "
+    "`GET /v1/trainings/{id}`.",
 )
 async def create_training(
     dataset_id: str,

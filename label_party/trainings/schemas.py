@@ -54,8 +54,12 @@ class TrainingSpec(BaseModel):
 
 class TrainingRead(BaseModel):
     """A training. ``epsilon``/``delta`` were charged when it was accepted;
-    ``accounting`` (the accountant's record) and ``sha256`` (of the model
-    artifact, ``GET /v1/trainings/{id}/model``) appear once it succeeded."""
+    ``spec`` is the spec with its defaults filled in plus ``plan``, the noise plan
+    computed at acceptance (``noise_multiplier``, ``sampling_rate``, ``steps``,
+    ``steps_per_epoch``, ``amplification``; :mod:`label_party.trainings.plan`);
+    ``accounting`` (the accountant's record, which ran that plan) and ``sha256``
+    (of the model artifact, ``GET /v1/trainings/{id}/model``) appear once it
+    succeeded."""
 
     id: str
     dataset_id: str

@@ -2,10 +2,14 @@
 
 Accepting a training is one transaction, ordered like a release (DESIGN.md §3.3):
 lock the dataset row → replay an idempotent request (spends nothing) → validate
-the public features and spec → reserve (ε, δ) in the ledger (or 409
-``budget_exceeded``, nothing stored) → store the features file named by its
-SHA-256 → insert the queued training row and the ``training.reserved`` audit
-entry → commit. The worker (:mod:`label_party.trainings.worker`) trains later.
+the public features and spec → compute the noise plan (q, T, σ) the worker will
+train with (:func:`label_party.trainings.plan.noise_plan`; 422 when the spec
+cannot be calibrated, nothing reserved, stored or audited) → reserve (ε, δ) in
+the ledger (or 409 ``budget_exceeded``, nothing stored) → store the features file
+named by its SHA-256 → insert the queued training row (its resolved spec carries
+the plan) and the ``training.reserved`` audit entry → commit. The worker
+(:mod:`label_party.trainings.worker`) trains later, and releases a model only if
+the trainer ran that plan.
 
 **The budget is charged when the training is accepted and never refunded**, even
 if the training later fails or is cancelled. A failure can happen after the
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 from pathlib import Path
 from typing import IO, Any
@@ -57,8 +62,14 @@ from label_party.ledger.units import (
     epsilon_units,
 )
 from label_party.models import Dataset, LedgerEntry, Training
-from label_party.storage import labels_path
+from label_party.storage import (
+    labels_path,
+    training_features_dir,
+    training_model_path,
+    training_tmp_dir,
+)
 from label_party.trainings import repository
+from label_party.trainings.plan import InfeasiblePlanError, noise_plan
 from label_party.trainings.schemas import TrainingRead, TrainingSpec
 from shared.lease_queue import Status
 from shared.parquet import publish_by_hash, temp_path
@@ -67,18 +78,6 @@ logger = logging.getLogger("label_party.trainings")
 
 #: Expected batch size when the spec gives none (capped at n).
 DEFAULT_BATCH = 1024
-
-
-def features_path(settings: Settings, sha256: str) -> Path:
-    return settings.trainings_dir / "features" / f"{sha256}.parquet"
-
-
-def models_dir(settings: Settings) -> Path:
-    return settings.trainings_dir / "models"
-
-
-def model_path(settings: Settings, sha256: str) -> Path:
-    return models_dir(settings) / f"{sha256}.pt"
 
 
 # -- the features file ------------------------------------------------------------------
@@ -128,10 +127,10 @@ def _numeric(kind: pa.DataType) -> bool:
 
 
 def _store_features(settings: Settings, table: pa.Table) -> str:
-    tmp = temp_path(settings.trainings_dir / "tmp", ".parquet")
+    tmp = temp_path(training_tmp_dir(settings), ".parquet")
     try:
         pq.write_table(table, tmp, compression="snappy")
-        _final, sha = publish_by_hash(tmp, settings.trainings_dir / "features")
+        _final, sha = publish_by_hash(tmp, training_features_dir(settings))
     finally:
         tmp.unlink(missing_ok=True)
     return sha
@@ -181,6 +180,22 @@ def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, 
     data = spec.model_dump(mode="json", exclude={"idempotency_key"})
     data.update(expected_batch_size=batch, delta=float(delta_decimal(delta)))
     return data, delta
+
+
+def _plan(resolved: dict[str, Any], n: int) -> dict[str, Any]:
+    """The noise plan the worker will train with, or 422 (nothing spent)."""
+    started = time.perf_counter()
+    try:
+        plan = noise_plan(resolved, n)
+    except InfeasiblePlanError as exc:
+        raise InvalidRequestError(
+            f"infeasible training spec: {exc.message}", exc.detail or None
+        ) from None
+    logger.debug(
+        "training noise calibrated",
+        extra={"fields": {"seconds": round(time.perf_counter() - started, 3)}},
+    )
+    return plan.to_dict()
 
 
 def fingerprint(spec: TrainingSpec, upload_sha256: str) -> str:
@@ -235,6 +250,9 @@ def create(
         raise InvalidRequestError("no feature row matches a labelled example_id")
     resolved, delta = _resolved(spec, n, table.num_columns - 1)
     resolved["num_classes"] = domain.size
+    # Before anything is reserved: a spec the worker could not calibrate is
+    # refused here, not discovered after its budget was spent.
+    resolved["plan"] = _plan(resolved, n)
     cost = Cost(epsilon_units(spec.epsilon), delta, None)
     entry = ledger.reserve(session, principal, dataset, cost, what="training")
     sha = _store_features(settings, table)
@@ -325,7 +343,7 @@ def model_file(
     training = get_visible(session, principal, training_id)
     if training.status != Status.SUCCEEDED or training.model_sha256 is None:
         raise ConflictError(f"training {training_id} has no model (it is {training.status})")
-    return training, model_path(settings, training.model_sha256)
+    return training, training_model_path(settings, training.model_sha256)
 
 
 def list_visible(session: Session, principal: Principal, dataset_id: str) -> list[TrainingRead]:

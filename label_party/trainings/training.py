@@ -90,7 +90,14 @@ def train(
         config=config,
         report=on_step,
         generator=generator,
+        noise_multiplier=planned_sigma(spec),
     )
+
+
+def planned_sigma(spec: dict[str, Any]) -> float | None:
+    """σ of the plan accepted with the training (None for rows from before plans)."""
+    plan = spec.get("plan")
+    return None if plan is None else float(plan["noise_multiplier"])
 
 
 def artifact(

@@ -12,7 +12,11 @@ Postgres, one worker on SQLite). For each training it
 3. builds ``shared.torch_models.ImageCNN`` (``labeldp-pro.txt`` Table 10a) or
    ``TabularMLP`` and calls :func:`label_party.labeldp_pro.train_labeldp_pro`
    on CUDA when the worker has it (``LABELDP_TRAINING_DEVICE``);
-4. writes the ``labeldp-model/1`` artifact (:mod:`shared.artifact`) named by its
+4. checks that the trainer ran the noise plan (q, T, σ) computed when the
+   training was accepted (``spec["plan"]``, :mod:`label_party.trainings.plan`)
+   and that its accounted (ε, δ) is within the charge — otherwise the training
+   fails and no model is released;
+5. writes the ``labeldp-model/1`` artifact (:mod:`shared.artifact`) named by its
    SHA-256 and marks the training succeeded, with an audit entry, in one
    transaction guarded on the lease (a worker that lost its lease writes nothing).
 
@@ -43,9 +47,14 @@ from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
 from label_party.db import Database, transaction
 from label_party.models import Dataset, Training, utcnow
-from label_party.storage import labels_path
+from label_party.storage import (
+    labels_path,
+    training_features_path,
+    training_models_dir,
+    training_tmp_dir,
+)
 from label_party.trainings import repository
-from label_party.trainings.service import features_path, models_dir
+from label_party.trainings.plan import check_ran_as_planned
 from shared.parquet import publish_by_hash, temp_path
 from shared.worker_loop import PollingWorker
 
@@ -159,10 +168,18 @@ class Worker(PollingWorker):
             dataset = session.get(Dataset, training.dataset_id)
             assert dataset is not None
             spec = dict(training.spec)
-            features_file = features_path(self.settings, training.features_sha256)
+            accepted_n = training.num_examples
+            features_file = training_features_path(self.settings, training.features_sha256)
             labels_file = labels_path(self.settings, dataset)
             num_classes = parse_domain(dataset.task, dataset.label_domain).size
         prepared = prepare(pq.read_table(features_file), pq.read_table(labels_file), num_classes)
+        if prepared.labels.shape[0] != accepted_n:
+            # The plan (q = B/n, T) was calibrated for the examples covered at
+            # acceptance; labels re-uploaded since would train another plan.
+            raise ValueError(
+                "the labelled examples these features cover changed after the training "
+                "was accepted (the labels were replaced); nothing was trained"
+            )
         return spec, prepared
 
     def run_training(self, training_id: str) -> None:
@@ -214,6 +231,8 @@ class Worker(PollingWorker):
         if accounting["epsilon"] > spec["epsilon"] or accounting["delta"] > spec["delta"]:
             # Never release a model whose accounted (ε, δ) exceeds what was charged.
             raise RuntimeError("the accountant's (ε, δ) exceeds the reserved budget")
+        if "plan" in spec:  # trainings accepted before plans were stored have none
+            check_ran_as_planned(spec["plan"], accounting)
         artifact = training.artifact(spec, data, result, metrics)
         return artifact, accounting, metrics
 
@@ -257,10 +276,10 @@ class Worker(PollingWorker):
     ) -> None:
         from shared.artifact import save_artifact_file
 
-        tmp = temp_path(self.settings.trainings_dir / "tmp", ".pt")
+        tmp = temp_path(training_tmp_dir(self.settings), ".pt")
         try:
             save_artifact_file(tmp, artifact)
-            _final, sha = publish_by_hash(tmp, models_dir(self.settings), ".pt")
+            _final, sha = publish_by_hash(tmp, training_models_dir(self.settings), ".pt")
         finally:
             tmp.unlink(missing_ok=True)
         with transaction(self.db.writer) as session:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,9 @@ import pytest
 import torch
 
 from label_party.config import Settings
-from label_party.db import connect
+from label_party.db import connect, transaction
+from label_party.models import Training
+from label_party.storage import TRAININGS_GRACE_SECONDS
 from label_party.trainings.worker import Worker
 from shared.torch_models import build_model, model_config_from_dict
 from tests.label_party.conftest import Server
@@ -161,10 +166,17 @@ def test_mlp_training_default_delta_is_one_over_n(server: Server, granted: Any) 
                epochs=1)  # fmt: skip
     assert r.status_code == 201, r.text
     assert r.json()["num_examples"] == 150 and r.json()["delta"] == pytest.approx(1 / 150)
+    # The noise plan is computed and shown when the training is accepted ...
+    plan = r.json()["spec"]["plan"]
+    assert plan["sampling_rate"] == pytest.approx(50 / 150) and plan["steps"] == 3
+    assert plan["noise_multiplier"] > 0
     run_worker(server)
     done = client.get(f"/v1/trainings/{r.json()['id']}").json()
     assert done["status"] == "succeeded", done["error"]
     assert done["accounting"]["epsilon"] <= 2
+    # ... and it is exactly what the worker trained with.
+    for key in ("noise_multiplier", "sampling_rate", "steps", "amplification"):
+        assert done["accounting"][key] == plan[key], key
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
@@ -277,3 +289,132 @@ def test_a_request_cannot_choose_the_seed(server: Server, granted: Any) -> None:
                    **{field: 7})  # fmt: skip
         assert r.status_code == 422, r.text
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
+
+
+def _audit_entries(admin: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]
+    return entries
+
+
+def _files(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir()} if directory.exists() else set()
+
+
+def test_an_infeasible_spec_is_refused_before_any_spend(server: Server, granted: Any) -> None:
+    """Issue 7: what the worker could not calibrate is refused by the POST (422),
+    before the ledger, the audit log or the data directory change."""
+    admin, client, dataset_id, ids, labels = granted
+    features_dir = _settings(server).trainings_dir / "features"
+    budget, audit = (
+        admin.get(f"/v1/datasets/{dataset_id}/budget").json(),
+        _audit_entries(admin, dataset_id),
+    )
+    stored = _files(features_dir)
+    cases: list[tuple[bytes, dict[str, Any], str]] = [
+        # σ above B·√T = 200: the noise would drown any gradient.
+        (tabular(ids, labels), {"epsilon": 0.001}, "outweighs any gradient"),
+        (tabular(ids, labels), {"epsilon": 1e-6, "delta": 1e-10}, "outweighs any gradient"),
+        # One covered example: the default δ = 1/n is 1.
+        (tabular(ids[:1], labels[:1]), {"epsilon": 1}, "delta must be below 1"),
+    ]
+    for features, spec, message in cases:
+        r = submit(client, dataset_id, features, **{**CHEAP, **spec})
+        assert r.status_code == 422, r.text
+        body = r.json()
+        assert body["error"] == "invalid_request"
+        assert body["message"].startswith("infeasible training spec") and message in body["message"]
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json() == budget
+    assert _audit_entries(admin, dataset_id) == audit
+    assert client.get(f"/v1/datasets/{dataset_id}/trainings").json() == []
+    assert _files(features_dir) == stored  # no features file written
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_the_worker_releases_only_the_accepted_plan(server: Server, granted: Any) -> None:
+    """The trainer runs the stored plan's σ only if its ε is within the spec's: a plan
+    with too little noise (here half the calibrated σ) fails the training, no model."""
+    admin, client, dataset_id, ids, labels = granted
+    r = submit(client, dataset_id, tabular(ids[:97], labels[:97]), epsilon=1, delta=1e-5, **CHEAP)
+    training_id = r.json()["id"]
+    settings = _settings(server)
+    db = connect(settings.resolved_database_url)
+    try:
+        with transaction(db.writer) as session:
+            row = session.get(Training, training_id)
+            assert row is not None
+            plan = row.spec["plan"]
+            row.spec = {
+                **row.spec,
+                "plan": {**plan, "noise_multiplier": plan["noise_multiplier"] / 2},
+            }
+    finally:
+        db.dispose()
+    run_worker(server)
+    failed = client.get(f"/v1/trainings/{training_id}").json()
+    assert failed["status"] == "failed" and "above the configured" in failed["error"]
+    assert failed["sha256"] is None
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 1
+
+
+def test_replaced_labels_fail_the_training_before_it_runs(server: Server) -> None:
+    """Labels re-uploaded after acceptance change n, so the plan no longer holds."""
+    admin = server.client()
+    dataset_id, ids, labels = make_dataset(admin)
+    r = submit(admin, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP)
+    assert r.status_code == 201, r.text
+    assert upload_labels(admin, dataset_id, ids[:150], labels[:150].tolist()).status_code == 200
+    run_worker(server)
+    failed = admin.get(f"/v1/trainings/{r.json()['id']}").json()
+    assert failed["status"] == "failed" and "labels were replaced" in failed["error"]
+
+
+def test_startup_sweep_sets_aside_unreferenced_training_files(
+    server: Server, granted: Any, make_server: Any
+) -> None:
+    """Real files in a fresh data directory on the session's database: what no
+    training row names and is older than the grace period goes to orphans/
+    (partial writes are deleted); referenced or recent files stay."""
+    _admin, client, dataset_id, ids, labels = granted
+    r = submit(client, dataset_id, tabular(ids[:88], labels[:88]), epsilon=1, delta=1e-5, **CHEAP)
+    assert r.status_code == 201, r.text
+    run_worker(server)
+    done = client.get(f"/v1/trainings/{r.json()['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+
+    source = _settings(server).trainings_dir
+    fresh = make_server()
+    root = _settings(fresh).trainings_dir
+    features, models, tmp = root / "features", root / "models", root / "tmp"
+    for directory in (features, models, tmp):
+        directory.mkdir(parents=True)
+    kept_features = f"{done['features_sha256']}.parquet"
+    kept_model = f"{done['sha256']}.pt"
+    shutil.copy(source / "features" / kept_features, features / kept_features)
+    shutil.copy(source / "models" / kept_model, models / kept_model)
+    orphan_features, young_features = f"{'a' * 64}.parquet", f"{'b' * 64}.parquet"
+    orphan_model = f"{'c' * 64}.pt"
+    for path in (features / orphan_features, features / young_features, models / orphan_model):
+        path.write_bytes(b"left by a crash before commit")
+    (tmp / ".old.pt").write_bytes(b"partial")
+    (tmp / ".young.parquet").write_bytes(b"being written")
+    old = time.time() - TRAININGS_GRACE_SECONDS - 60
+    for path in (
+        features / kept_features,
+        models / kept_model,
+        features / orphan_features,
+        models / orphan_model,
+        tmp / ".old.pt",
+    ):
+        os.utime(path, (old, old))
+
+    fresh.start()  # the start-up sweep runs before the server answers
+
+    assert _files(features) == {kept_features, young_features}
+    assert _files(models) == {kept_model}
+    assert _files(tmp) == {".young.parquet"}
+    orphans = root.parent / "orphans" / "trainings"
+    assert _files(orphans / "features") == {orphan_features}
+    assert _files(orphans / "models") == {orphan_model}
+    # The kept files still serve: the fresh server downloads the model.
+    model = fresh.client().get(f"/v1/trainings/{done['id']}/model")
+    assert model.status_code == 200 and model.headers["X-Content-SHA256"] == done["sha256"]

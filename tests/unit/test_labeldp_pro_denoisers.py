@@ -223,3 +223,54 @@ def test_pgd_starts_at_the_zero_gradient() -> None:
 def test_wrong_output_width_is_refused() -> None:
     with pytest.raises(ValueError, match="expected"):
         PerClassGradients(_mlp(classes=4), torch.randn(2, 4), K)
+
+
+def test_clipped_columns_are_the_raw_columns_scaled_to_norm_at_most_c() -> None:
+    model, x = (
+        _mlp(seed=11, hidden=8),
+        torch.randn(5, 4, generator=torch.Generator().manual_seed(11)),
+    )
+    raw = _reference_columns(model, x, K)
+    norms = torch.linalg.vector_norm(raw, dim=0)
+    clip = float(norms.median())  # some columns clipped, some not
+    op = PerClassGradients(model, x, K, clip_norm=clip)
+    expected = raw * torch.clamp(clip / norms, max=1.0)
+    torch.testing.assert_close(op.dense(), expected, rtol=1e-4, atol=1e-6)
+    assert float(torch.linalg.vector_norm(op.dense(), dim=0).max()) <= clip * (1 + 1e-5)
+    gen = torch.Generator().manual_seed(12)
+    u, v = torch.randn(op.num_columns, generator=gen), torch.randn(op.dim, generator=gen)
+    torch.testing.assert_close(op.matvec(u), expected @ u, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(op.rmatvec(v), expected.T @ v, rtol=1e-4, atol=1e-5)
+    # The column norms computed in chunks equal the dense ones.
+    torch.testing.assert_close(op.column_norms(max_floats=1), norms, rtol=1e-4, atol=1e-6)
+    # α₀ still maps to the zero gradient once the columns are rescaled.
+    zero = op.matvec(origin_weights(op))
+    assert float(torch.linalg.vector_norm(zero)) < 1e-5 * float(norms.max())
+
+
+def test_the_mean_clipped_gradient_lies_in_the_hull_of_clipped_columns() -> None:
+    """§3.1's premise, for Algorithm 1's signal: the batch's mean *clipped* true-label
+    gradient is in conv(clipped per-class gradients), so SELFCONV keeps it intact."""
+    gen = torch.Generator().manual_seed(13)
+    model, x = _mlp(seed=13, hidden=16), torch.randn(4, 4, generator=gen)
+    labels = torch.randint(0, K, (4,), generator=gen)
+    raw = _reference_columns(model, x, K)
+    clip = 0.5 * float(torch.linalg.vector_norm(raw, dim=0).min())  # every column clipped
+    true_columns = raw[:, torch.arange(4) * K + labels]
+    signal = (true_columns * torch.clamp(clip / true_columns.norm(dim=0), max=1.0)).mean(dim=1)
+    clipped = PerClassGradients(model, x, K, clip_norm=clip)
+    alpha = project_convex_hull(clipped, signal, steps=400, method="fista")
+    gap = torch.linalg.vector_norm(clipped.matvec(alpha) - signal) / signal.norm()
+    assert float(gap) < 1e-3
+
+
+def test_denoise_clips_the_hull_but_not_the_span() -> None:
+    gen = torch.Generator().manual_seed(14)
+    model, x = _mlp(seed=14, hidden=8), torch.randn(3, 4, generator=gen)
+    noisy = torch.randn(sum(p.numel() for p in model.parameters()), generator=gen)
+    clip = 1e-3
+    hull = denoise("alt-conv", noisy, model, x, K, steps=50, smoothing=1.0, vertex_clip_norm=clip)
+    assert float(torch.linalg.vector_norm(hull)) <= clip * (1 + 1e-4)
+    span = denoise("self-span", noisy, model, x, K, steps=50, vertex_clip_norm=clip)
+    unclipped = denoise("self-span", noisy, model, x, K, steps=50)
+    torch.testing.assert_close(span, unclipped)
