@@ -30,8 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import platform
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -85,21 +87,22 @@ class Settings:
 
 
 FULL = Settings(
-    train=5_000,
-    test=2_000,
+    train=60_000,
+    test=10_000,
     epsilons=(0.1, 0.5, 1.0),
     seeds=(0, 1, 2),
     epochs=3,
-    batch_size=500,
+    batch_size=1024,
     clip_norm=1.0,
     learning_rate=0.3,
     optimizer="momentum",
-    alt_batch_size=32,
-    projection_steps=30,
-    smoothing=0.75,
+    alt_batch_size=64,
+    projection_steps=100,
+    smoothing=1.0,
     rr_epochs=3,
     rr_batch_size=128,
     rr_learning_rate=0.05,
+    projection_method="fista",
 )
 QUICK = Settings(
     train=2_000,
@@ -113,10 +116,11 @@ QUICK = Settings(
     optimizer="momentum",
     alt_batch_size=8,
     projection_steps=20,
-    smoothing=0.75,
+    smoothing=1.0,
     rr_epochs=2,
     rr_batch_size=128,
     rr_learning_rate=0.05,
+    projection_method="fista",
 )
 
 
@@ -264,87 +268,119 @@ def markdown(summary: dict[str, Any], s: Settings) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def _options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a ~2-minute smoke run")
     parser.add_argument(
         "--projection-method",
         choices=("pgd", "fista"),
-        default="pgd",
-        help="ALTCONV's solver: the paper's PGD (default) or FISTA",
+        help="ALTCONV's solver (default: the settings', FISTA; PGD is §3.2's)",
     )
+    parser.add_argument("--projection-steps", type=int, help="PGD/FISTA steps per projection")
+    parser.add_argument("--smoothing", type=float, help="§3.3's λ (default 1: no smoothing)")
+    parser.add_argument("--train", type=int, help="training images (default 60000)")
+    parser.add_argument("--epsilons", type=float, nargs="+", help="privacy budgets")
+    parser.add_argument("--seeds", type=int, help="seeds 0..N-1 (default 3)")
     parser.add_argument(
         "--methods", nargs="+", choices=METHODS, default=list(METHODS), help="subset to run"
     )
-    args = parser.parse_args()
-    s = replace(QUICK if args.quick else FULL, projection_method=args.projection_method)
-    torch.set_num_threads(1)
-    name = "labeldp_pro" + ("_quick" if args.quick else "")
-    if args.projection_method != "pgd":
-        name += f"_{args.projection_method}"
-    out = RESULTS / f"{name}.json"
-    command = " ".join(
-        ["python -m bench.bench_labeldp_pro"]
-        + (["--quick"] if args.quick else [])
-        + (
-            [f"--projection-method {args.projection_method}"]
-            if args.projection_method != "pgd"
-            else []
-        )
-        + (["--methods", *args.methods] if list(args.methods) != list(METHODS) else [])
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="runs in parallel, one torch thread each"
     )
-    x_train, y_train, x_test, y_test = load_subsample(s.train, s.test)
+    parser.add_argument("--out", type=Path, help="result JSON (default bench/results/…)")
+    return parser.parse_args()
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    s = QUICK if args.quick else FULL
+    overrides = {
+        "projection_method": args.projection_method,
+        "projection_steps": args.projection_steps,
+        "smoothing": args.smoothing,
+        "train": args.train,
+        "epsilons": tuple(args.epsilons) if args.epsilons else None,
+        "seeds": tuple(range(args.seeds)) if args.seeds else None,
+    }
+    return replace(s, **{k: v for k, v in overrides.items() if v is not None})
+
+
+_DATA: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+
+
+def _run(task: tuple[Settings, int, float, str]) -> dict[str, Any]:
+    """One (seed, ε, method): train, then test accuracy on the held-out images."""
+    s, seed, eps, method = task
+    global _DATA
+    torch.set_num_threads(1)
+    if _DATA is None:
+        _DATA = load_subsample(s.train, s.test)
+    x_train, y_train, x_test, y_test = _DATA
+    t0 = time.perf_counter()
+    record: dict[str, Any] | None = None
+    if method == "rr":
+        model, per_epoch = train_rr(x_train, y_train, eps, seed, s)
+    else:
+        denoiser = "noop" if method == "dp-sgd" else "alt-conv"
+        model, per_epoch, record = train_private(x_train, y_train, eps, seed, denoiser, s)
+    return {
+        "method": method,
+        "epsilon": eps,
+        "seed": seed,
+        "accuracy": accuracy(model, x_test, y_test),
+        "seconds_per_epoch": per_epoch,
+        "seconds_total": time.perf_counter() - t0,
+        "accounting": record,
+    }
+
+
+def main() -> None:
+    args = _options()
+    s = _settings(args)
+    name = "labeldp_pro" + ("_quick" if args.quick else "")
+    out = args.out or RESULTS / f"{name}.json"
+    command = "python -m bench.bench_labeldp_pro " + " ".join(sys.argv[1:])
+    # Slowest first (ALTCONV), so the parallel runs finish together.
+    order = {"labeldp-pro": 0, "dp-sgd": 1, "rr": 2}
+    tasks = sorted(
+        ((s, seed, eps, m) for seed in s.seeds for eps in s.epsilons for m in args.methods),
+        key=lambda t: (order[t[3]], t[1], t[2]),
+    )
     runs: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for seed in s.seeds:
-        for eps in s.epsilons:
-            for method in args.methods:
-                t0 = time.perf_counter()
-                record: dict[str, Any] | None = None
-                if method == "rr":
-                    model, per_epoch = train_rr(x_train, y_train, eps, seed, s)
-                else:
-                    denoiser = "noop" if method == "dp-sgd" else "alt-conv"
-                    model, per_epoch, record = train_private(
-                        x_train, y_train, eps, seed, denoiser, s
-                    )
-                acc = accuracy(model, x_test, y_test)
-                runs.append(
-                    {
-                        "method": method,
-                        "epsilon": eps,
-                        "seed": seed,
-                        "accuracy": acc,
-                        "seconds_per_epoch": per_epoch,
-                        "seconds_total": time.perf_counter() - t0,
-                        "accounting": record,
-                    }
-                )
-                print(
-                    f"seed {seed} ε {eps} {method}: {acc:.1f}% "
-                    f"({per_epoch:.1f} s/epoch, {time.perf_counter() - started:.0f} s so far)",
-                    flush=True,
-                )
-                summary = summarize(runs, s)
-                payload = {
-                    "benchmark": "labeldp_pro",
-                    "command": command,
-                    "settings": asdict(s),
-                    "machine": {
-                        "platform": platform.platform(),
-                        "torch": torch.__version__,
-                        "threads": torch.get_num_threads(),
-                    },
-                    "paper_table_14": {str(k): v for k, v in PAPER_TABLE_14.items()},
-                    "summary": summary,
-                    "runs": runs,
-                    "elapsed_seconds": time.perf_counter() - started,
-                }
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(payload, indent=2) + "\n")
+    with multiprocessing.get_context("spawn").Pool(max(1, args.jobs)) as pool:
+        for run in pool.imap_unordered(_run, tasks):
+            runs.append(run)
+            print(
+                f"seed {run['seed']} ε {run['epsilon']} {run['method']}: "
+                f"{run['accuracy']:.1f}% ({run['seconds_per_epoch']:.1f} s/epoch, "
+                f"{time.perf_counter() - started:.0f} s so far, {len(runs)}/{len(tasks)})",
+                flush=True,
+            )
+            _write(out, command, s, runs, time.perf_counter() - started)
     print()
     print(markdown(summarize(runs, s), s))
     print(f"\nwrote {out}")
+
+
+def _write(
+    out: Path, command: str, s: Settings, runs: list[dict[str, Any]], elapsed: float
+) -> None:
+    payload = {
+        "benchmark": "labeldp_pro",
+        "command": command.strip(),
+        "settings": asdict(s),
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads_per_run": 1,
+        },
+        "paper_table_14": {str(k): v for k, v in PAPER_TABLE_14.items()},
+        "summary": summarize(runs, s),
+        "runs": sorted(runs, key=lambda r: (r["epsilon"], r["method"], r["seed"])),
+        "elapsed_seconds": elapsed,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -183,7 +183,8 @@ def _lp_2st(ctx: SeedContext) -> Played:
 #: Public DP-SGD settings of the central methods (``labeldp-pro.txt`` Appendix D;
 #: the values ``bench/bench_labeldp_pro.py`` uses on a CPU).
 CENTRAL_SPEC = {"optimizer": "momentum", "learning_rate": 0.3, "clip_norm": 1.0,
-                "alt_batch_size": 32, "projection_steps": 30}  # fmt: skip
+                "alt_batch_size": 64, "projection_steps": 100, "projection_method": "fista",
+                "smoothing": 1.0}  # fmt: skip
 
 
 def delta_for(n: int) -> float:

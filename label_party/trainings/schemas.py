@@ -20,7 +20,8 @@ class TrainingSpec(BaseModel):
     Everything here is public configuration. ``delta`` defaults to 1/n, n the
     number of labelled examples the features cover; ``expected_batch_size`` to
     min(1024, n); ``projection_steps`` and ``smoothing`` to the paper's values
-    (Appendix D.4, §3.3). ``architecture`` ``cnn`` is ``labeldp-pro.txt`` Table 10a's
+    (Appendix D.4, §3.3), ``projection_method`` to the paper's plain PGD;
+    ``fista`` converges in about half the steps (bench/README.md). ``architecture`` ``cnn`` is ``labeldp-pro.txt`` Table 10a's
     CNN over ``image_shape`` (the numeric columns are the pixels, row-major);
     ``mlp`` a fully connected net with ``hidden`` layers.
     """
@@ -40,6 +41,7 @@ class TrainingSpec(BaseModel):
     optimizer: Optimizer = "sgd"
     alt_batch_size: int = Field(default=64, ge=1)
     projection_steps: int | None = Field(default=None, ge=0, le=100_000)
+    projection_method: Literal["pgd", "fista"] | None = None
     smoothing: float | None = Field(default=None, ge=0, le=1)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
 

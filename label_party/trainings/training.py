@@ -28,6 +28,7 @@ _PASSED = (
     "optimizer",
     "alt_batch_size",
     "projection_steps",
+    "projection_method",
     "smoothing",
 )
 

@@ -204,3 +204,24 @@ def test_bad_data_is_refused_without_echoing_labels() -> None:
     with pytest.raises(ValueError, match="batch normalization"):
         model = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.Linear(8, CLASSES))
         train_labeldp_pro(model, x, y, config=_config())
+
+
+def test_a_planned_noise_multiplier_is_used_only_within_the_budget() -> None:
+    """The labels party plans σ at acceptance; the trainer re-accounts it: a larger σ
+    trains (smaller ε), a σ below the calibrated one is refused before any step."""
+    x, y = _blobs(200, seed=21)
+    config = _config(epochs=1)
+    q, steps = 40 / 200, 1 * 5
+    calibrated = calibrate_noise(config.epsilon, config.delta, q, steps)
+    noisier = train_labeldp_pro(
+        _linear(), x, y, config=config, generator=torch.Generator().manual_seed(1),
+        noise_multiplier=2 * calibrated,
+    )  # fmt: skip
+    assert noisier.accounting.noise_multiplier == 2 * calibrated
+    assert noisier.accounting.steps == steps
+    assert noisier.accounting.epsilon < config.epsilon
+    model = _linear()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="above the configured"):
+        train_labeldp_pro(model, x, y, config=config, noise_multiplier=calibrated / 2)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
