@@ -10,6 +10,7 @@ Layout (under ``LABELDP_DATA_DIR``)::
     trainings/features/<sha256>.parquet       a training's public features
     trainings/models/<sha256>.pt              a trained model artifact
     trainings/tmp/                            training files being written
+    trainings/checkpoints/<training id>.pt    a running training's last saved state
 
 A file is written under ``tmp/`` (``trainings/tmp/``) and moved to its
 content-addressed name before the transaction that references it commits; a
@@ -36,6 +37,7 @@ from sqlalchemy.orm import Session
 
 from label_party.config import Settings
 from label_party.models import Dataset, PartitionPlan, PriorSet, Release, Training
+from shared.lease_queue import Status
 from shared.parquet import publish_by_hash, temp_path
 
 logger = logging.getLogger("label_party.storage")
@@ -90,6 +92,10 @@ def training_model_path(settings: Settings, sha256: str) -> Path:
 
 def training_tmp_dir(settings: Settings) -> Path:
     return settings.trainings_dir / "tmp"
+
+
+def training_checkpoint_path(settings: Settings, training_id: str) -> Path:
+    return settings.trainings_dir / "checkpoints" / f"{training_id}.pt"
 
 
 def _quarantine(settings: Settings, path: Path) -> None:
@@ -151,7 +157,8 @@ def sweep_orphans(
 def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: float) -> int:
     """The training files of :func:`sweep_orphans`: features and models that no
     training row references (whatever its status: a failed or cancelled
-    training's row still names its features), and stale partial writes."""
+    training's row still names its features), checkpoints of trainings that can
+    no longer resume, and stale partial writes."""
     cutoff = time.time() - grace_seconds
     removed = 0
     tmp = training_tmp_dir(settings)
@@ -164,9 +171,16 @@ def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: flo
     # is younger than the cutoff, so it is never taken for an orphan.
     features = set(session.scalars(select(Training.features_sha256)))
     models = {s for s in session.scalars(select(Training.model_sha256)) if s is not None}
+    # A checkpoint is only worth keeping while its training may still resume.
+    unfinished = set(
+        session.scalars(
+            select(Training.id).where(Training.status.in_((Status.QUEUED, Status.RUNNING)))
+        )
+    )
     for root, pattern, keep in (
         (training_features_dir(settings), "*.parquet", features),
         (training_models_dir(settings), "*.pt", models),
+        (settings.trainings_dir / "checkpoints", "*.pt", unfinished),
     ):
         if root.exists():
             for path in root.glob(pattern):

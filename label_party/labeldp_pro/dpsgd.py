@@ -23,12 +23,13 @@ on the private labels is *not* differentially private; it is only computed when
 
 from __future__ import annotations
 
+import copy
 import math
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -156,6 +157,34 @@ class TrainingResult:
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
+@dataclass
+class Checkpoint:
+    """Where a run stands after ``step`` of its steps: enough to go on from there.
+
+    Each state is a post-processing of the noisy gradients so far, so resuming
+    from one and finishing is the same single DP-SGD run the plan accounted for;
+    the rest of the run draws fresh noise (the generator is not part of it).
+    """
+
+    step: int
+    model: dict[str, Tensor]
+    optimizer: dict[str, Any]
+    history: list[EpochSummary]
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Save a :class:`Checkpoint` every ``every_steps`` steps (not after the last);
+    start from ``resume`` when given."""
+
+    every_steps: int
+    save: Callable[[Checkpoint], None]
+    resume: Checkpoint | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 1, "every_steps must be >= 1")
+
+
 def secure_torch_generator(device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator seeded from the OS (DESIGN.md §3.5).
 
@@ -240,6 +269,7 @@ def train_labeldp_pro(
     report: ProgressCallback | None = None,
     generator: torch.Generator | None = None,
     noise_multiplier: float | None = None,
+    checkpointing: Checkpointing | None = None,
 ) -> TrainingResult:
     """Train ``model`` with LabelDP-Pro (Algorithm 1) at the configured (ε, δ).
 
@@ -248,7 +278,8 @@ def train_labeldp_pro(
     OS-seeded one (:func:`secure_torch_generator`) — pass one only in tests.
     ``noise_multiplier`` is a σ calibrated beforehand (the labels party plans it
     when it accepts a training); it is re-accounted here and refused if its ε
-    exceeds the configured one. ``None`` calibrates σ here.
+    exceeds the configured one. ``None`` calibrates σ here. ``checkpointing``
+    saves the run's state as it goes and resumes an interrupted one.
     Returns the model (trained in place), its :class:`AccountingRecord` and history.
     """
     device = torch.device(config.device)
@@ -278,18 +309,63 @@ def train_labeldp_pro(
 
     optimizer = _make_optimizer(model, config)
     loop = _Loop(model, x, y, config, sigma, q, gen, optimizer)
-    history: list[EpochSummary] = []
+    resume = checkpointing.resume if checkpointing is not None else None
+    first = 0 if resume is None else _restore(model, optimizer, resume, total_steps)
+    history: list[EpochSummary] = [] if resume is None else list(resume.history)
     started = time.perf_counter()
-    for epoch in range(config.epochs):
-        stats = _EpochStats(device)
-        epoch_start = time.perf_counter()
-        for step in range(steps_per_epoch):
-            loop.step(stats)
-            done = epoch * steps_per_epoch + step + 1
-            if report is not None:
-                report(_progress(epoch, done, total_steps, started, stats, config))
-        history.append(stats.summary(epoch, steps_per_epoch, time.perf_counter() - epoch_start))
+    stats, epoch_start = _EpochStats(device), started
+    for done in range(first + 1, total_steps + 1):
+        epoch, within = divmod(done - 1, steps_per_epoch)
+        loop.step(stats)
+        if report is not None:
+            report(_progress(epoch, done, first, total_steps, started, stats, config))
+        if within == steps_per_epoch - 1:
+            now = time.perf_counter()
+            history.append(stats.summary(epoch, stats.steps, now - epoch_start))
+            stats, epoch_start = _EpochStats(device), now
+        if checkpointing is not None and _due(checkpointing, done, total_steps):
+            checkpointing.save(_snapshot(model, optimizer, done, history))
     return TrainingResult(model=model, accounting=record, history=history)
+
+
+def _due(checkpointing: Checkpointing, done: int, total_steps: int) -> bool:
+    """Every ``every_steps`` steps, but not after the last (the model is the result)."""
+    return done % checkpointing.every_steps == 0 and done < total_steps
+
+
+def _snapshot(
+    model: nn.Module, optimizer: torch.optim.Optimizer, step: int, history: list[EpochSummary]
+) -> Checkpoint:
+    """Copies (on the CPU) of the state after ``step``: training goes on meanwhile."""
+    return Checkpoint(
+        step=step,
+        model={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+        optimizer=copy.deepcopy(_to_cpu(optimizer.state_dict())),
+        history=list(history),
+    )
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.detach().to("cpu")
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
+
+
+def _restore(
+    model: nn.Module, optimizer: torch.optim.Optimizer, resume: Checkpoint, total_steps: int
+) -> int:
+    """Load ``resume`` into the model and optimizer; the step to go on from."""
+    if not 0 < resume.step < total_steps:
+        raise ValueError(
+            f"checkpoint is at step {resume.step}, outside this run's 1..{total_steps - 1}"
+        )
+    model.load_state_dict(resume.model)
+    optimizer.load_state_dict(resume.optimizer)
+    return resume.step
 
 
 class _Loop:
@@ -403,11 +479,13 @@ class _EpochStats:
 def _progress(
     epoch: int,
     done: int,
+    first: int,
     total: int,
     started: float,
     stats: _EpochStats,
     config: LabelDPProConfig,
 ) -> ProgressEvent:
+    """Step ``done`` of ``total``; the ETA from this process's pace (since ``first``)."""
     elapsed = time.perf_counter() - started
     loss = None
     if config.report_training_loss and stats.last_loss is not None:
@@ -417,7 +495,7 @@ def _progress(
         step=done,
         total_steps=total,
         elapsed_seconds=elapsed,
-        eta_seconds=elapsed / done * (total - done),
+        eta_seconds=elapsed / (done - first) * (total - done),
         loss=loss,
     )
 

@@ -21,9 +21,10 @@ class TrainingSpec(BaseModel):
     number of labelled examples the features cover; ``expected_batch_size`` to
     min(1024, n); ``projection_steps`` and ``smoothing`` to the paper's values
     (Appendix D.4, §3.3), ``projection_method`` to the paper's plain PGD;
-    ``fista`` converges in about half the steps (bench/README.md). ``architecture`` ``cnn`` is ``labeldp-pro.txt`` Table 10a's
-    CNN over ``image_shape`` (the numeric columns are the pixels, row-major);
-    ``mlp`` a fully connected net with ``hidden`` layers.
+    ``fista`` converges in about half the steps (bench/README.md). ``architecture``
+    ``cnn`` is ``labeldp-pro.txt`` Table 10a's CNN over ``image_shape`` (the numeric
+    columns are the pixels, row-major); ``mlp`` a fully connected net with ``hidden``
+    layers.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -6,17 +6,30 @@ queue code never import torch.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from label_party.labeldp_pro import LabelDPProConfig, TrainingResult, train_labeldp_pro
+from label_party.labeldp_pro.dpsgd import (
+    Checkpoint,
+    Checkpointing,
+    EpochSummary,
+    LabelDPProConfig,
+    TrainingResult,
+    train_labeldp_pro,
+)
 from shared.artifact import model_artifact, preprocessing_dict
 from shared.torch_models import ImageCNN, ImageCNNConfig, TabularMLP, TabularMLPConfig
 
 if TYPE_CHECKING:
     from label_party.trainings.worker import Prepared
+
+logger = logging.getLogger("label_party.trainings")
 
 #: Spec keys passed to :class:`LabelDPProConfig` as they are (when present).
 _PASSED = (
@@ -62,9 +75,12 @@ def train(
     device: str,
     report: Callable[[dict[str, Any]], None],
     seed: int | None,
+    checkpoint_file: Path | None = None,
 ) -> TrainingResult:
     """Run LabelDP-Pro. ``seed`` (test mode only) fixes the generator; otherwise the
-    library draws a fresh OS seed (DESIGN.md §3.5)."""
+    library draws a fresh OS seed (DESIGN.md §3.5). With ``checkpoint_file`` the
+    run saves its state there about :data:`CHECKPOINTS_PER_RUN` times and, if the
+    file holds a checkpoint of this plan, goes on from it."""
     model = build(spec, data.features.shape[1], data.num_classes)
     config = config_for(spec, data.num_classes, device)
     generator = None
@@ -92,6 +108,7 @@ def train(
         report=on_step,
         generator=generator,
         noise_multiplier=planned_sigma(spec),
+        checkpointing=None if checkpoint_file is None else _checkpointing(spec, checkpoint_file),
     )
 
 
@@ -119,4 +136,61 @@ def artifact(
         training=dict(spec),
         metrics=metrics,
         accounting=result.accounting.to_dict(),
+    )
+
+
+#: A resumed training repeats at most 1/20 of its steps.
+CHECKPOINTS_PER_RUN = 20
+_CHECKPOINT_FORMAT = "labeldp-checkpoint/1"
+
+
+def _checkpointing(spec: dict[str, Any], path: Path) -> Checkpointing | None:
+    """Save to ``path`` as the run goes; resume from it when it matches the plan."""
+    plan = spec.get("plan")
+    if plan is None:  # rows from before plans: nothing to check a checkpoint against
+        return None
+    every = max(1, math.ceil(int(plan["steps"]) / CHECKPOINTS_PER_RUN))
+
+    def save(checkpoint: Checkpoint) -> None:
+        write_checkpoint(path, checkpoint, plan)
+
+    return Checkpointing(every_steps=every, save=save, resume=read_checkpoint(path, plan))
+
+
+def write_checkpoint(path: Path, checkpoint: Checkpoint, plan: dict[str, Any]) -> None:
+    """Atomically (a temporary file, then a rename): a crash mid-write leaves the
+    previous checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": _CHECKPOINT_FORMAT,
+        "plan": dict(plan),
+        "step": checkpoint.step,
+        "model": checkpoint.model,
+        "optimizer": checkpoint.optimizer,
+        "history": [asdict(h) for h in checkpoint.history],
+    }
+    partial = path.with_suffix(".partial")
+    torch.save(payload, partial)
+    partial.replace(path)
+
+
+def read_checkpoint(path: Path, plan: dict[str, Any]) -> Checkpoint | None:
+    """The checkpoint in ``path`` if it was saved under this very plan, else None
+    (a missing, unreadable or foreign file means starting from step 0)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        return None
+    except Exception:  # a torn or foreign file: train from the start instead
+        logger.warning("ignoring unreadable checkpoint %s", path.name, exc_info=True)
+        return None
+    if not isinstance(payload, dict) or payload.get("format") != _CHECKPOINT_FORMAT:
+        return None
+    if payload.get("plan") != dict(plan):
+        return None
+    return Checkpoint(
+        step=int(payload["step"]),
+        model=payload["model"],
+        optimizer=payload["optimizer"],
+        history=[EpochSummary(**h) for h in payload["history"]],
     )

@@ -23,9 +23,13 @@ Postgres, one worker on SQLite). For each training it
 A heartbeat thread renews the lease and publishes progress; a training that is
 cancelled, or taken over after this worker stalled, stops at the next step.
 Nothing is refunded when a training fails (see :mod:`label_party.trainings.service`).
-A training given back to the queue (SIGTERM, a dead worker) restarts from
-scratch with fresh noise: the interrupted run's noisy gradients never left this
-process, and only the one model that succeeds is released, so the charge covers it.
+A running training saves a checkpoint (model, optimizer, epoch history) about 20
+times under ``trainings/checkpoints/<id>.pt``; one given back to the queue
+(SIGTERM, a dead worker) goes on from its last checkpoint with fresh noise for
+the remaining steps, or from scratch if there is none. Either way only the one
+model that succeeds is released, from one run of the plan's T steps: each
+checkpoint is a post-processing of the noisy gradients before it, so the charge
+covers it. The checkpoint is deleted when the training succeeds or fails.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from label_party.db import Database, transaction
 from label_party.models import Dataset, Training, utcnow
 from label_party.storage import (
     labels_path,
+    training_checkpoint_path,
     training_features_path,
     training_models_dir,
     training_tmp_dir,
@@ -189,7 +194,7 @@ class Worker(PollingWorker):
         log.info("training %s: started", training_id)
         try:
             spec, prepared = self._load(training_id)
-            artifact, accounting, metrics = self._train(spec, prepared, shared)
+            artifact, accounting, metrics = self._train(training_id, spec, prepared, shared)
         except TrainingInterruptedError:
             shared.stop.set()
             beat.join()
@@ -200,13 +205,20 @@ class Worker(PollingWorker):
             beat.join()
             log.error("training %s failed: %s", training_id, traceback.format_exc())
             self._finish_failed(training_id, public_error(exc))
+            self._drop_checkpoint(training_id)
             return
         shared.stop.set()
         beat.join()
         self._record_success(training_id, artifact, accounting, metrics, shared.progress)
+        self._drop_checkpoint(training_id)
+
+    def _drop_checkpoint(self, training_id: str) -> None:
+        """A finished training never resumes. (An interrupted one keeps its
+        checkpoint: the next claim goes on from it.)"""
+        training_checkpoint_path(self.settings, training_id).unlink(missing_ok=True)
 
     def _train(
-        self, spec: dict[str, Any], data: Prepared, shared: _Shared
+        self, training_id: str, spec: dict[str, Any], data: Prepared, shared: _Shared
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         from label_party.trainings import training  # torch: only in the worker
 
@@ -219,7 +231,12 @@ class Worker(PollingWorker):
 
         started = time.perf_counter()
         result = training.train(
-            spec, data, device=device, report=report, seed=self.settings.test_seed
+            spec,
+            data,
+            device=device,
+            report=report,
+            seed=self.settings.test_seed,
+            checkpoint_file=training_checkpoint_path(self.settings, training_id),
         )
         metrics = {
             "seconds": time.perf_counter() - started,

@@ -380,6 +380,8 @@ def test_startup_sweep_sets_aside_unreferenced_training_files(
     run_worker(server)
     done = client.get(f"/v1/trainings/{r.json()['id']}").json()
     assert done["status"] == "succeeded", done["error"]
+    queued = submit(client, dataset_id, tabular(ids[:88], labels[:88]), epsilon=1,
+                    delta=1e-5, idempotency_key="queued", **CHEAP).json()  # fmt: skip
 
     source = _settings(server).trainings_dir
     fresh = make_server()
@@ -395,6 +397,11 @@ def test_startup_sweep_sets_aside_unreferenced_training_files(
     orphan_model = f"{'c' * 64}.pt"
     for path in (features / orphan_features, features / young_features, models / orphan_model):
         path.write_bytes(b"left by a crash before commit")
+    checkpoints = root / "checkpoints"
+    checkpoints.mkdir()
+    finished, waiting = f"{done['id']}.pt", f"{queued['id']}.pt"
+    for name in (finished, waiting):
+        (checkpoints / name).write_bytes(b"a checkpoint")
     (tmp / ".old.pt").write_bytes(b"partial")
     (tmp / ".young.parquet").write_bytes(b"being written")
     old = time.time() - TRAININGS_GRACE_SECONDS - 60
@@ -404,6 +411,8 @@ def test_startup_sweep_sets_aside_unreferenced_training_files(
         features / orphan_features,
         models / orphan_model,
         tmp / ".old.pt",
+        checkpoints / finished,
+        checkpoints / waiting,
     ):
         os.utime(path, (old, old))
 
@@ -415,6 +424,55 @@ def test_startup_sweep_sets_aside_unreferenced_training_files(
     orphans = root.parent / "orphans" / "trainings"
     assert _files(orphans / "features") == {orphan_features}
     assert _files(orphans / "models") == {orphan_model}
+    # A checkpoint stays while its training may resume (queued), not after it ended.
+    assert _files(checkpoints) == {waiting}
+    assert _files(orphans / "checkpoints") == {finished}
     # The kept files still serve: the fresh server downloads the model.
     model = fresh.client().get(f"/v1/trainings/{done['id']}/model")
     assert model.status_code == 200 and model.headers["X-Content-SHA256"] == done["sha256"]
+
+
+def _checkpoint_at_end_of_epoch_0(spec: dict[str, Any], mark: float) -> Any:
+    """A checkpoint after epoch 0 of ``spec`` whose history carries ``mark`` seconds."""
+    from label_party.labeldp_pro.dpsgd import Checkpoint, EpochSummary, _make_optimizer
+    from label_party.trainings import training
+
+    model = training.build(spec, 4, NUM_CLASSES)
+    optimizer = _make_optimizer(model, training.config_for(spec, NUM_CLASSES, "cpu"))
+    steps = int(spec["plan"]["steps_per_epoch"])
+    summary = EpochSummary(epoch=0, steps=steps, seconds=mark, mean_batch_size=50.0,
+                           noisy_gradient_norm=1.0, denoised_gradient_norm=1.0)  # fmt: skip
+    return Checkpoint(step=steps, model=model.state_dict(), optimizer=optimizer.state_dict(),
+                      history=[summary])  # fmt: skip
+
+
+def test_an_interrupted_training_goes_on_from_its_checkpoint(server: Server, granted: Any) -> None:
+    """The worker resumes from ``trainings/checkpoints/<id>.pt`` when it was saved under
+    the training's plan (its epoch-0 history carries over into the model's metrics),
+    ignores one saved under another plan, and deletes the file when the training ends."""
+    from label_party.storage import training_checkpoint_path
+    from label_party.trainings.training import write_checkpoint
+
+    _admin, client, dataset_id, ids, labels = granted
+    settings = _settings(server)
+    spec = {**CHEAP, "epochs": 4, "expected_batch_size": 50}
+    ours = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5, **spec).json()
+    other = submit(client, dataset_id, tabular(ids, labels), epsilon=2, delta=1e-5,
+                   idempotency_key="other", **spec).json()  # fmt: skip
+    for training, plan, mark in (
+        (ours, ours["spec"]["plan"], 12345.0),
+        (other, {**other["spec"]["plan"], "noise_multiplier": 1.0}, 54321.0),
+    ):
+        path = training_checkpoint_path(settings, training["id"])
+        write_checkpoint(path, _checkpoint_at_end_of_epoch_0(training["spec"], mark), plan)
+    assert run_worker(server) == 2
+    resumed = client.get(f"/v1/trainings/{ours['id']}").json()
+    assert resumed["status"] == "succeeded", resumed
+    history = resumed["metrics"]["history"]
+    assert [h["epoch"] for h in history] == [0, 1, 2, 3] and history[0]["seconds"] == 12345.0
+    fresh = client.get(f"/v1/trainings/{other['id']}").json()
+    assert fresh["status"] == "succeeded", fresh
+    assert fresh["metrics"]["history"][0]["seconds"] != 54321.0  # foreign plan: from step 0
+    assert not (settings.trainings_dir / "checkpoints").exists() or not any(
+        (settings.trainings_dir / "checkpoints").iterdir()
+    )

@@ -11,6 +11,8 @@ from torch import Tensor, nn
 from label_party.labeldp_pro.accounting import calibrate_noise, epsilon_for
 from label_party.labeldp_pro.denoisers import trainable_parameters
 from label_party.labeldp_pro.dpsgd import (
+    Checkpoint,
+    Checkpointing,
     LabelDPProConfig,
     ProgressEvent,
     clip_per_example,
@@ -225,3 +227,58 @@ def test_a_planned_noise_multiplier_is_used_only_within_the_budget() -> None:
     with pytest.raises(ValueError, match="above the configured"):
         train_labeldp_pro(model, x, y, config=config, noise_multiplier=calibrated / 2)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+class _StopError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("denoiser", ["noop", "alt-conv"])
+def test_a_run_resumed_from_a_checkpoint_ends_where_the_uninterrupted_run_does(
+    denoiser: str,
+) -> None:
+    """Stopped right after the step-6 checkpoint of 10 steps and resumed from it (with
+    the generator where it stood), the run ends with the uninterrupted run's weights:
+    model, optimizer (momentum buffers) and epoch history all carry over."""
+    x, y = _blobs(200, seed=22)
+    config = _config(epochs=2, optimizer="momentum", denoiser=denoiser)
+    straight = train_labeldp_pro(
+        _linear(), x, y, config=config, generator=torch.Generator().manual_seed(3)
+    )
+    saved: list[Checkpoint] = []
+
+    def save_then_stop_at_six(checkpoint: Checkpoint) -> None:
+        saved.append(checkpoint)
+        if checkpoint.step == 6:
+            raise _StopError
+
+    gen = torch.Generator().manual_seed(3)
+    with pytest.raises(_StopError):
+        train_labeldp_pro(
+            _linear(), x, y, config=config, generator=gen,
+            checkpointing=Checkpointing(every_steps=3, save=save_then_stop_at_six),
+        )  # fmt: skip
+    assert [c.step for c in saved] == [3, 6]
+    assert [h.epoch for h in saved[1].history] == [0]  # epoch 0 is steps 1-5
+    fresh = _linear(seed=9)  # other initial weights: the checkpoint must replace them
+    resumed = train_labeldp_pro(
+        fresh, x, y, config=config, generator=gen,
+        checkpointing=Checkpointing(every_steps=3, save=saved.append, resume=saved[1]),
+    )  # fmt: skip
+    assert [c.step for c in saved] == [3, 6, 9]  # and never after the last step
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert resumed.accounting == straight.accounting
+    assert [h.epoch for h in resumed.history] == [0, 1]
+
+
+def test_checkpoint_outside_the_run_is_refused() -> None:
+    x, y = _blobs(200, seed=23)
+    config = _config(epochs=1)
+    model = _linear()
+    bad = Checkpoint(step=5, model=model.state_dict(), optimizer={}, history=[])
+    with pytest.raises(ValueError, match="outside this run"):
+        train_labeldp_pro(
+            model, x, y, config=config,
+            checkpointing=Checkpointing(every_steps=1, save=lambda c: None, resume=bad),
+        )  # fmt: skip
