@@ -1,7 +1,9 @@
 """Label upload: validate the whole file, store it as Parquet, all or nothing.
 
-Labels are frozen once a release exists (409): a release's ledger entry is only
-meaningful for the labels it randomized.
+Labels are frozen once a release or a LabelDP-Pro training exists (409): a
+release's or a training's ledger entry is only meaningful for the labels it
+randomized or trained on. (A training is charged when it is accepted, before it
+runs, so a training in any status freezes them, cancelled and failed ones too.)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from label_party.ledger.service import lock_dataset
 from label_party.models import Dataset
 from label_party.releases import repository as releases_repository
 from label_party.storage import write_table
+from label_party.trainings import repository as trainings_repository
 
 
 def upload(
@@ -31,7 +34,9 @@ def upload(
     fmt: FileFormat,
 ) -> int:
     dataset = lock_dataset(session, dataset.id)
-    if releases_repository.exists(session, dataset.id):
+    if releases_repository.exists(session, dataset.id) or trainings_repository.exists(
+        session, dataset.id
+    ):
         audit.append(
             session,
             actor=principal.id,
@@ -39,7 +44,7 @@ def upload(
             dataset_id=dataset.id,
             payload={"reason": "labels_frozen"},
         )
-        raise LabelsFrozenError("labels are frozen once a release exists")
+        raise LabelsFrozenError("labels are frozen once a release or a training exists")
     domain = parse_domain(dataset.task, dataset.label_domain)
     try:
         table, count = validate(read_table(source, fmt), domain)

@@ -64,8 +64,9 @@ async def create_training(
 
         def work() -> tuple[TrainingRead, bool]:
             training, created = service.create(
-                session, settings, principal, dataset_id, spec, source, fmt
-            )
+                session, settings, principal, dataset_id, spec, source, fmt,
+                unlocked=request.app.state.db.reader,
+            )  # fmt: skip
             return service.to_read(session, training), created
 
         read, created = await in_worker_thread(work)

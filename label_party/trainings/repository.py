@@ -19,6 +19,12 @@ def by_idempotency_key(session: Session, dataset_id: str, key: str) -> Training 
     ).first()
 
 
+def exists(session: Session, dataset_id: str) -> bool:
+    """Whether any training (in any status: each charged the ledger) names the dataset."""
+    query = select(Training.id).where(Training.dataset_id == dataset_id)
+    return session.scalars(query).first() is not None
+
+
 def list_for_dataset(
     session: Session, dataset_id: str, *, created_by: str | None = None
 ) -> list[Training]:

@@ -1,13 +1,15 @@
 """Accept, read and cancel LabelDP-Pro trainings.
 
-Accepting a training is one transaction, ordered like a release (DESIGN.md §3.3):
-lock the dataset row → replay an idempotent request (spends nothing) → validate
-the public features and spec → compute the noise plan (q, T, σ) the worker will
-train with (:func:`label_party.trainings.plan.noise_plan`; 422 when the spec
-cannot be calibrated, nothing reserved, stored or audited) → reserve (ε, δ) in
-the ledger (or 409 ``budget_exceeded``, nothing stored) → store the features file
-named by its SHA-256 → insert the queued training row (its resolved spec carries
-the plan) and the ``training.reserved`` audit entry → commit. The worker
+Accepting a training is ordered like a release (DESIGN.md §3.3). First, in a
+read transaction without locks: validate the public features and spec and
+compute the noise plan (q, T, σ) the worker will train with
+(:func:`label_party.trainings.plan.noise_plan`; 422 when the spec cannot be
+calibrated, nothing reserved, stored or audited). Then one transaction: lock
+the dataset row → replay an idempotent request (spends nothing) → check that the
+labels are still those the plan was computed for → reserve (ε, δ) in the ledger
+(or 409 ``budget_exceeded``, nothing stored) → store the features file named by
+its SHA-256 → insert the queued training row (its resolved spec carries the
+plan) and the ``training.reserved`` audit entry → commit. The worker
 (:mod:`label_party.trainings.worker`) trains later, and releases a model only if
 the trainer ran that plan.
 
@@ -30,6 +32,7 @@ import hashlib
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,12 +42,13 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 from pydantic import ValidationError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
 from label_party.auth import Principal, require, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
+from label_party.db import transaction
 from label_party.exceptions import (
     ConflictError,
     IdempotencyConflictError,
@@ -215,7 +219,19 @@ def upload_digest(source: IO[bytes]) -> str:
 # -- accept ---------------------------------------------------------------------------------
 
 
-def create(
+@dataclass(frozen=True)
+class _Draft:
+    """What accepting a request computes without any lock: its features, n, the
+    resolved spec with its noise plan, and the labels it was planned against."""
+
+    table: pa.Table
+    num_examples: int
+    resolved: dict[str, Any]
+    delta_units: int
+    labels_sha256: str
+
+
+def _draft(
     session: Session,
     settings: Settings,
     principal: Principal,
@@ -223,20 +239,8 @@ def create(
     spec: TrainingSpec,
     source: IO[bytes],
     fmt: FileFormat,
-) -> tuple[Training, bool]:
-    """The training for this request and whether it was made now (False: a replay)."""
-    require(principal, "admin", "client")
+) -> _Draft:
     dataset = visible_dataset(session, principal, dataset_id)
-    dataset = ledger.lock_dataset(session, dataset.id)
-    digest = fingerprint(spec, upload_digest(source))
-    if spec.idempotency_key is not None:
-        existing = repository.by_idempotency_key(session, dataset.id, spec.idempotency_key)
-        if existing is not None:
-            if existing.request_fingerprint != digest or existing.created_by != principal.id:
-                raise IdempotencyConflictError(
-                    "this idempotency key was used for a different request"
-                )
-            return existing, False
     domain = parse_domain(dataset.task, dataset.label_domain)
     if dataset.task != "classification":
         raise InvalidRequestError(
@@ -244,6 +248,7 @@ def create(
         )
     if dataset.labels_sha256 is None:
         raise ConflictError("the dataset has no labels yet")
+    source.seek(0)
     table = read_features(source, fmt)
     n = _labelled_count(settings, dataset, table)
     if n == 0:
@@ -253,10 +258,63 @@ def create(
     # Before anything is reserved: a spec the worker could not calibrate is
     # refused here, not discovered after its budget was spent.
     resolved["plan"] = _plan(resolved, n)
-    cost = Cost(epsilon_units(spec.epsilon), delta, None)
+    return _Draft(table, n, resolved, delta, dataset.labels_sha256)
+
+
+def _replay(
+    session: Session, principal: Principal, dataset_id: str, spec: TrainingSpec, digest: str
+) -> Training | None:
+    if spec.idempotency_key is None:
+        return None
+    existing = repository.by_idempotency_key(session, dataset_id, spec.idempotency_key)
+    if existing is not None and (
+        existing.request_fingerprint != digest or existing.created_by != principal.id
+    ):
+        raise IdempotencyConflictError("this idempotency key was used for a different request")
+    return existing
+
+
+def create(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    dataset_id: str,
+    spec: TrainingSpec,
+    source: IO[bytes],
+    fmt: FileFormat,
+    *,
+    unlocked: sessionmaker[Session],
+) -> tuple[Training, bool]:
+    """The training for this request and whether it was made now (False: a replay).
+
+    The draft (features, n, noise plan: 1–4 s of accountant calls) is computed in a
+    read transaction of ``unlocked`` before ``session`` locks the dataset row,
+    which on SQLite is the whole database's write lock. Under the lock the labels
+    it was planned against must still be the dataset's (409 otherwise; labels are
+    frozen once a training exists, so only a first training can race an upload).
+    """
+    require(principal, "admin", "client")
+    digest = fingerprint(spec, upload_digest(source))
+    with transaction(unlocked) as reader:
+        dataset = visible_dataset(reader, principal, dataset_id)
+        replay = _replay(reader, principal, dataset.id, spec, digest)
+        args = (settings, principal, dataset_id, spec, source, fmt)
+        draft = None if replay else _draft(reader, *args)
+    dataset = ledger.lock_dataset(session, dataset.id)
+    existing = _replay(session, principal, dataset.id, spec, digest)
+    if existing is not None:
+        return existing, False
+    if draft is None:  # unreachable: trainings are never deleted; kept for safety
+        draft = _draft(session, *args)
+    if dataset.labels_sha256 != draft.labels_sha256:
+        raise ConflictError(
+            "the dataset's labels changed while this training was being planned; "
+            "send the request again"
+        )
+    cost = Cost(epsilon_units(spec.epsilon), draft.delta_units, None)
     entry = ledger.reserve(session, principal, dataset, cost, what="training")
-    sha = _store_features(settings, table)
-    training = _insert(session, principal, dataset, entry, resolved, sha, n, spec, digest)
+    sha = _store_features(settings, draft.table)
+    training = _insert(session, principal, dataset, entry, draft, sha, spec, digest)
     logger.info(
         "training accepted",
         extra={"fields": {"training_id": training.id, "dataset_id": dataset.id}},
@@ -269,12 +327,12 @@ def _insert(
     principal: Principal,
     dataset: Dataset,
     entry: LedgerEntry,
-    resolved: dict[str, Any],
+    draft: _Draft,
     features_sha256: str,
-    n: int,
     spec: TrainingSpec,
     digest: str,
 ) -> Training:
+    resolved, n = draft.resolved, draft.num_examples
     training = Training(
         id=str(uuid.uuid4()),
         dataset_id=dataset.id,

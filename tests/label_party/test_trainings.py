@@ -356,13 +356,37 @@ def test_the_worker_releases_only_the_accepted_plan(server: Server, granted: Any
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 1
 
 
-def test_replaced_labels_fail_the_training_before_it_runs(server: Server) -> None:
-    """Labels re-uploaded after acceptance change n, so the plan no longer holds."""
+def test_labels_are_frozen_once_a_training_is_accepted(server: Server) -> None:
+    """A training's charge is only meaningful for the labels it trains on: once one
+    is accepted (cancelled ones too) a labels upload is refused with 409, audited."""
     admin = server.client()
     dataset_id, ids, labels = make_dataset(admin)
     r = submit(admin, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP)
     assert r.status_code == 201, r.text
-    assert upload_labels(admin, dataset_id, ids[:150], labels[:150].tolist()).status_code == 200
+    assert admin.delete(f"/v1/trainings/{r.json()['id']}").is_success
+    refused = upload_labels(admin, dataset_id, ids[:150], labels[:150].tolist())
+    assert refused.status_code == 409 and refused.json()["error"] == "labels_frozen"
+    actions = [e["action"] for e in _audit_entries(admin, dataset_id)]
+    assert actions[-1] == "labels.refused"
+    assert admin.get(f"/v1/datasets/{dataset_id}").json()["num_labels"] == len(ids)
+
+
+def test_a_training_whose_examples_changed_fails_before_it_runs(server: Server) -> None:
+    """Defence in depth behind the freeze: the worker trains only when the features
+    still cover the n examples the plan was calibrated for (here the stored n is
+    altered, as labels replaced by an older version would have done)."""
+    admin = server.client()
+    dataset_id, ids, labels = make_dataset(admin)
+    r = submit(admin, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP)
+    assert r.status_code == 201, r.text
+    db = connect(_settings(server).resolved_database_url)
+    try:
+        with transaction(db.writer) as session:
+            row = session.get(Training, r.json()["id"])
+            assert row is not None
+            row.num_examples = len(ids) - 50
+    finally:
+        db.dispose()
     run_worker(server)
     failed = admin.get(f"/v1/trainings/{r.json()['id']}").json()
     assert failed["status"] == "failed" and "labels were replaced" in failed["error"]
@@ -478,3 +502,36 @@ def test_an_interrupted_training_goes_on_from_its_checkpoint(server: Server, gra
     assert not (settings.trainings_dir / "checkpoints").exists() or not any(
         (settings.trainings_dir / "checkpoints").iterdir()
     )
+
+
+def test_labels_replaced_while_the_plan_is_computed_spend_nothing(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The noise plan is computed before the dataset is locked; a labels upload that
+    commits meanwhile (here a real one, through the API, while the accountant runs)
+    makes the accept a 409 under the lock, with no ledger entry and no training."""
+    from label_party.auth import ADMIN_ID, Principal
+    from label_party.exceptions import ConflictError
+    from label_party.trainings import service
+
+    admin = server.client()
+    dataset_id, ids, labels = make_dataset(admin)
+    real_plan = service._plan
+
+    def plan_while_labels_change(resolved: dict[str, Any], n: int) -> dict[str, Any]:
+        plan = real_plan(resolved, n)
+        assert upload_labels(admin, dataset_id, ids, labels[::-1].tolist()).status_code == 200
+        return plan
+
+    monkeypatch.setattr(service, "_plan", plan_while_labels_change)
+    db = connect(_settings(server).resolved_database_url)
+    spec = service.parse_spec(json.dumps({"epsilon": 1, **CHEAP}))
+    try:
+        with pytest.raises(ConflictError, match="labels changed"), transaction(db.writer) as s:
+            service.create(s, _settings(server), Principal(ADMIN_ID, "admin"), dataset_id,
+                           spec, io.BytesIO(tabular(ids, labels)), "parquet",
+                           unlocked=db.reader)  # fmt: skip
+    finally:
+        db.dispose()
+    assert admin.get(f"/v1/datasets/{dataset_id}/trainings").json() == []
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
