@@ -279,6 +279,11 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--projection-steps", type=int, help="PGD/FISTA steps per projection")
     parser.add_argument("--smoothing", type=float, help="§3.3's λ (default 1: no smoothing)")
     parser.add_argument("--train", type=int, help="training images (default 60000)")
+    parser.add_argument("--epochs", type=int, help="DP-SGD/LabelDP-Pro epochs (default 3)")
+    parser.add_argument(
+        "--learning-rate", type=float, help="DP-SGD/LabelDP-Pro learning rate (default 0.3)"
+    )
+    parser.add_argument("--alt-batch-size", type=int, help="ALTCONV's n₂ (default 64)")
     parser.add_argument("--epsilons", type=float, nargs="+", help="privacy budgets")
     parser.add_argument("--seeds", type=int, help="seeds 0..N-1 (default 3)")
     parser.add_argument(
@@ -298,6 +303,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         "projection_steps": args.projection_steps,
         "smoothing": args.smoothing,
         "train": args.train,
+        "epochs": args.epochs,
+        "learning_rate": args.learning_rate,
+        "alt_batch_size": args.alt_batch_size,
         "epsilons": tuple(args.epsilons) if args.epsilons else None,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,
     }

@@ -1,0 +1,147 @@
+"""How far ALTCONV's denoised gradient is from the true one, by n₂ (``labeldp-pro.txt``
+Lemma 4: ``E‖Proj_A(g̃) − g‖² ≤ O(C²(1/n₁ + 1/n₂ + σ√log(Kn₂)/√n₁))``).
+
+At a model state reached by DP-SGD on Fashion-MNIST (the bench's CNN and settings),
+for a Poisson batch of ``B`` images with their true labels: ``g`` is the mean of
+the clipped per-example gradients (Algorithm 1 without noise) and ``g̃ = g + e``
+the privatized one at the bench's σ for each ε. For each alternative-batch size
+n₂ and several independent alternative batches and noise draws it reports
+
+* ``cos``: the mean cosine of the denoised gradient with ``g`` (DP-SGD: of ``g̃``);
+* ``norm``: the mean ‖denoised‖/‖g‖;
+* ``error``: the mean ‖denoised − g‖/‖g‖ (DP-SGD: ‖e‖/‖g‖);
+* ``bias``: ‖mean(denoised) − g‖/‖g‖ over the draws — what does not average out
+  over steps, plus the variance left by averaging only ``--draws`` draws (so for
+  DP-SGD it is ``error/√draws``, not its expectation 0): compare it across rows
+  with the same draws only.
+
+    python -m bench.bench_denoiser_bias [--alt-batch-sizes 64 256 1024] [--draws 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bench.bench_labeldp_pro import FULL, load_subsample
+from label_party.labeldp_pro.denoisers import (
+    PerClassGradients,
+    eval_mode,
+    project_convex_hull,
+    smooth,
+    trainable_parameters,
+)
+from label_party.labeldp_pro.dpsgd import LabelDPProConfig, clipped_gradient_sum, train_labeldp_pro
+from shared.torch_models import ImageCNN, ImageCNNConfig
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: σ of the bench's runs (bench/results/labeldp_pro.json, 177 steps, q = 1024/60000).
+SIGMAS = {0.1: 15.257, 0.5: 3.927, 1.0: 2.604}
+NUM_CLASSES = 10
+
+
+def _cos(a: Tensor, b: Tensor) -> float:
+    return float(torch.dot(a, b) / (a.norm() * b.norm()).clamp(min=1e-12))
+
+
+def _stats(outputs: list[Tensor], g: Tensor) -> dict[str, float]:
+    gn = float(g.norm())
+    mean = torch.stack(outputs).mean(dim=0)
+    return {
+        "cos": statistics.fmean(_cos(o, g) for o in outputs),
+        "norm": statistics.fmean(float(o.norm()) / gn for o in outputs),
+        "error": statistics.fmean(float((o - g).norm()) / gn for o in outputs),
+        "bias": float((mean - g).norm()) / gn,
+    }
+
+
+def _state(x: Tensor, y: Tensor, epochs: int) -> torch.nn.Module:
+    """A model after ``epochs`` of plain DP-SGD at ε = 1 (the bench's settings)."""
+    torch.manual_seed(0)
+    model = ImageCNN(ImageCNNConfig())
+    if epochs == 0:
+        return model
+    config = LabelDPProConfig(
+        epsilon=1.0, delta=1 / x.shape[0], num_classes=NUM_CLASSES, denoiser="noop",
+        epochs=epochs, expected_batch_size=FULL.batch_size, clip_norm=FULL.clip_norm,
+        learning_rate=FULL.learning_rate, optimizer="momentum",
+    )  # fmt: skip
+    train_labeldp_pro(model, x, y, config=config, generator=torch.Generator().manual_seed(1))
+    return model
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    x, y, _xt, _yt = load_subsample(FULL.train, 0)
+    model = _state(x, y, args.epochs)
+    gen = torch.Generator().manual_seed(2)
+    rows = torch.randperm(x.shape[0], generator=gen)[: FULL.batch_size]
+    params = {k: v.detach() for k, v in trainable_parameters(model).items()}
+    with eval_mode(model):
+        total, _loss = clipped_gradient_sum(
+            model, params, x[rows], y[rows], clip_norm=FULL.clip_norm, physical_batch_size=256
+        )
+    g = total / FULL.batch_size
+    out: dict[str, Any] = {"gradient_norm": float(g.norm()), "epsilons": {}}
+    for eps in args.epsilons:
+        noise_scale = SIGMAS[eps] * FULL.clip_norm / FULL.batch_size
+        noisy = [g + noise_scale * torch.randn(g.shape, generator=gen) for _ in range(args.draws)]
+        cell: dict[str, Any] = {"dp-sgd": _stats(noisy, g)}
+        for n2 in args.alt_batch_sizes:
+            started = time.perf_counter()
+            denoised = []
+            for target in noisy:
+                alt = torch.randperm(x.shape[0], generator=gen)[:n2]
+                with eval_mode(model):
+                    op = PerClassGradients(model, x[alt], NUM_CLASSES, clip_norm=FULL.clip_norm)
+                    alpha = project_convex_hull(op, target, steps=FULL.projection_steps,
+                                                method="fista")  # fmt: skip
+                    denoised.append(op.matvec(smooth(alpha, 1.0)))
+            cell[f"alt-conv n2={n2}"] = {
+                **_stats(denoised, g),
+                "seconds_per_projection": (time.perf_counter() - started) / args.draws,
+            }
+            print(f"ε={eps} n₂={n2}: {cell[f'alt-conv n2={n2}']}", flush=True)
+        out["epsilons"][str(eps)] = cell
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--alt-batch-sizes", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--epsilons", type=float, nargs="+", default=[0.1, 1.0], choices=SIGMAS)
+    p.add_argument("--draws", type=int, default=4, help="alternative batches × noise draws")
+    p.add_argument("--epochs", type=int, default=1, help="DP-SGD epochs before measuring")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=RESULTS / "denoiser_bias.json")
+    args = p.parse_args()
+    started = time.perf_counter()
+    result = measure(args)
+    payload = {
+        "benchmark": "denoiser_bias",
+        "command": "python -m bench.bench_denoiser_bias " + " ".join(sys.argv[1:]),
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": args.threads,
+        },
+        "model_state": f"{args.epochs} epoch(s) of DP-SGD at ε = 1, seed 0",
+        "projection": f"{FULL.projection_steps} FISTA steps, λ = 1, clipped columns",
+        "result": result,
+        "elapsed_seconds": time.perf_counter() - started,
+    }
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
