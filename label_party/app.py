@@ -18,7 +18,7 @@ from label_party.example_priors.endpoints import router as priors_router
 from label_party.health import router as health_router
 from label_party.labels.endpoints import router as labels_router
 from label_party.limits import BodyLimitMiddleware
-from label_party.observability import EPSILON_SPENT, RequestContextMiddleware
+from label_party.observability import RequestContextMiddleware
 from label_party.partitions.endpoints import router as partitions_router
 from label_party.previews.endpoints import router as previews_router
 from label_party.releases.endpoints import router as releases_router
@@ -39,7 +39,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         with transaction(db.writer) as session:
             sweep_orphans(settings, session)
         app.state.db = db
-        EPSILON_SPENT.db = db
         logger.info("service ready", extra={"fields": {"mode": settings.mode}})
         try:
             yield

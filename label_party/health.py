@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from label_party.db import Database, transaction
-from label_party.observability import REGISTRY
+from label_party.observability import scrape
 from shared.errors import error_response
 
 router = APIRouter(tags=["operations"])
@@ -28,5 +28,5 @@ def readyz(request: Request) -> Response:
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-def metrics() -> Response:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+def metrics(request: Request) -> Response:
+    return Response(scrape(request.app.state.db), media_type=CONTENT_TYPE_LATEST)

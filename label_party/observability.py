@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,10 +37,14 @@ access_log = logging.getLogger("label_party.access")
 
 
 class EpsilonSpentCollector(Collector):
-    """``labeldp_epsilon_spent{dataset_id}``: the ledger's spend, read at scrape time."""
+    """``labeldp_epsilon_spent{dataset_id}``: the ledger's spend, read at scrape time
+    from one app's database. Made per scrape (:func:`scrape`), not registered
+    globally: a process-wide collector would hold the database of whichever app
+    started last, and read (and leak pool connections of) a disposed one after
+    that app stopped."""
 
-    def __init__(self) -> None:
-        self.db: Any = None
+    def __init__(self, db: Any) -> None:
+        self.db = db
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         from label_party.datasets import repository as datasets_repository
@@ -51,16 +55,19 @@ class EpsilonSpentCollector(Collector):
         gauge = GaugeMetricFamily(
             "labeldp_epsilon_spent", "ε spent per dataset (worst part)", labels=["dataset_id"]
         )
-        if self.db is not None:
-            with transaction(self.db.reader) as session:
-                for dataset_id in datasets_repository.all_ids(session):
-                    eps, _delta = spend_of(session, dataset_id).worst(None)
-                    gauge.add_metric([dataset_id], float(epsilon_decimal(eps)))
+        with transaction(self.db.reader) as session:
+            for dataset_id in datasets_repository.all_ids(session):
+                eps, _delta = spend_of(session, dataset_id).worst(None)
+                gauge.add_metric([dataset_id], float(epsilon_decimal(eps)))
         yield gauge
 
 
-EPSILON_SPENT = EpsilonSpentCollector()
-REGISTRY.register(EPSILON_SPENT)
+def scrape(db: Any) -> bytes:
+    """The Prometheus text exposition: the process's counters and histograms, then
+    the ε spent per dataset from ``db``."""
+    ledger = CollectorRegistry(auto_describe=False)
+    ledger.register(EpsilonSpentCollector(db))
+    return generate_latest(REGISTRY) + generate_latest(ledger)
 
 
 class RequestContextMiddleware:

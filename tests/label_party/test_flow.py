@@ -6,6 +6,8 @@ import hashlib
 import io
 import json
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -206,3 +208,38 @@ def test_upload_limits_and_errors(make_server: object) -> None:
     assert r.status_code == 409  # no labels yet
     for r in (admin.get("/v1/datasets/nope"), admin.post("/v1/datasets", json={})):
         assert set(r.json()) == {"error", "message", "detail"}
+
+
+def test_metrics_read_the_ledger_of_their_own_app(tmp_path: Path) -> None:
+    """Two labels parties in one process (as in tests, or an embedding app): each
+    /metrics reports its own ledger, also after the other one stopped (a collector
+    shared by the process used to read whichever database started last, and
+    leaked connections of it once it was disposed)."""
+    import asyncio
+
+    import httpx
+
+    from label_party.app import create_app
+    from label_party.config import Settings
+
+    token = "metrics-admin-" + "y" * 24
+    a, b = (create_app(Settings(mode="test", data_dir=tmp_path / name, admin_token=token))
+            for name in ("a", "b"))  # fmt: skip
+
+    def client(app: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://lp",
+                                 headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+
+    async def scenario() -> None:
+        async with a.router.lifespan_context(a), client(a) as first:
+            body = {"name": "m", "task": "classification", "label_domain": {"num_classes": 2},
+                    "epsilon_budget": 1.0}  # fmt: skip
+            created = await first.post("/v1/datasets", json=body)
+            assert created.status_code == 201, created.text
+            gauge = f'labeldp_epsilon_spent{{dataset_id="{created.json()["id"]}"}} 0.0'
+            async with b.router.lifespan_context(b), client(b) as second:
+                assert gauge not in (await second.get("/metrics")).text
+                assert gauge in (await first.get("/metrics")).text
+            assert gauge in (await first.get("/metrics")).text
+
+    asyncio.run(scenario())
