@@ -12,8 +12,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-$(DATA): scripts/fetch-datasets
-	scripts/fetch-datasets
+$(DATA): scripts/fetch-datasets | $(STAMP)
+	PYTHON=$(BIN)/python scripts/fetch-datasets
 	touch $(DATA)
 
 setup: $(STAMP) $(DATA)  ## create .venv with pinned dependencies (CPU torch) and fetch the datasets
@@ -37,7 +37,7 @@ bench: setup  ## mechanism benchmarks; writes bench/results/
 	$(BIN)/python -m bench.bench_scale
 	$(BIN)/python -m bench.bench_api_latency
 
-report: setup  ## the experiments' sweep (resumable; ~1.5 h on 2 cores) and bench/REPORT.md
+report: setup  ## the experiments' sweep (resumable; ~3 h on 2 cores) and bench/REPORT.md
 	$(BIN)/python -m bench.report
 
 clean:

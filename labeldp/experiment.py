@@ -18,7 +18,7 @@ With ``--epsilon inf`` or ``--method non-private`` the model is trained on the
 true labels outside the services (like the demo's baseline): nothing is released
 and nothing is spent.
 
-Regression datasets report MSE; classification datasets (``fashion-mnist``)
+Regression datasets report MSE; classification datasets (``fashion-mnist``, ``mnist-5k``)
 report accuracy. ``--json`` prints one object on stdout (progress goes to
 stderr)::
 

@@ -116,3 +116,15 @@ def test_regression_refuses_a_classification_method(capsys: pytest.CaptureFixtur
     code = main(["--dataset", "rand-hie-spend", "--method", "rr", "--epsilon", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "laplace, laplace-clipped" in err
+
+
+def test_the_mnist_subset_runs_end_to_end(
+    endpoints: Endpoints, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--dataset", "mnist-5k", "--max-examples", "600", "--epochs", "1", "--json",
+            "--method", "rr", "--epsilon", str(EPSILON)]  # fmt: skip
+    result = _run(argv, endpoints, capsys)
+    assert result["dataset"] == "mnist-5k" and result["task"] == "classification"
+    kept = math.exp(EPSILON) / (math.exp(EPSILON) + 9)
+    assert abs(result["mechanism_mse"] - kept) < 0.1
+    assert 0 <= result["test"]["accuracy"] <= 1

