@@ -37,7 +37,7 @@ bench: setup  ## mechanism benchmarks; writes bench/results/
 	$(BIN)/python -m bench.bench_scale
 	$(BIN)/python -m bench.bench_api_latency
 
-report: setup  ## the experiments' sweep (resumable; ~3 h on 2 cores) and bench/REPORT.md
+report: setup  ## the experiments' sweep (resumable; ~6 h on 2 cores) and bench/REPORT.md
 	$(BIN)/python -m bench.report
 
 clean:

@@ -54,7 +54,7 @@ REPORT = ROOT / "REPORT.md"
 
 #: The papers' privacy budgets (Table 1 has a few more; these are the issue's).
 EPSILONS: tuple[float, ...] = (0.05, 0.1, 0.3, 0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
-DATASETS = ("rand-hie-spend", "diamonds-price", "census-weeks", "flights-delay")
+DATASETS = ("rand-hie-spend", "diamonds-price", "census-weeks", "flights-delay", "mnist-5k")
 #: Public subsampling for the sweep on this 2-core machine (a seeded permutation
 #: of the rows, never the labels): census-weeks has 254,654 rows, flights 3M; the
 #: sizes are chosen so that each of them sweeps in under an hour here (the scale
