@@ -34,9 +34,8 @@ def upload(
     fmt: FileFormat,
 ) -> int:
     dataset = lock_dataset(session, dataset.id)
-    if releases_repository.exists(session, dataset.id) or trainings_repository.exists(
-        session, dataset.id
-    ):
+    charged = releases_repository.exists(session, dataset.id)
+    if charged or trainings_repository.exists(session, dataset.id):
         audit.append(
             session,
             actor=principal.id,
