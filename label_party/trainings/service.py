@@ -232,15 +232,8 @@ class _Draft:
 
 
 def _draft(
-    session: Session,
-    settings: Settings,
-    principal: Principal,
-    dataset_id: str,
-    spec: TrainingSpec,
-    source: IO[bytes],
-    fmt: FileFormat,
+    settings: Settings, dataset: Dataset, spec: TrainingSpec, source: IO[bytes], fmt: FileFormat
 ) -> _Draft:
-    dataset = visible_dataset(session, principal, dataset_id)
     domain = parse_domain(dataset.task, dataset.label_domain)
     if dataset.task != "classification":
         raise InvalidRequestError(
@@ -287,8 +280,8 @@ def create(
 ) -> tuple[Training, bool]:
     """The training for this request and whether it was made now (False: a replay).
 
-    The draft (features, n, noise plan: 1–4 s of accountant calls) is computed in a
-    read transaction of ``unlocked`` before ``session`` locks the dataset row,
+    The draft (features, n, noise plan: 1–4 s of accountant calls) is computed
+    after a short read transaction of ``unlocked``, before ``session`` locks the dataset row,
     which on SQLite is the whole database's write lock. Under the lock the labels
     it was planned against must still be the dataset's (409 otherwise; labels are
     frozen once a training exists, so only a first training can race an upload).
@@ -298,14 +291,13 @@ def create(
     with transaction(unlocked) as reader:
         dataset = visible_dataset(reader, principal, dataset_id)
         replay = _replay(reader, principal, dataset.id, spec, digest)
-        args = (settings, principal, dataset_id, spec, source, fmt)
-        draft = None if replay else _draft(reader, *args)
+    draft = None if replay else _draft(settings, dataset, spec, source, fmt)
     dataset = ledger.lock_dataset(session, dataset.id)
     existing = _replay(session, principal, dataset.id, spec, digest)
     if existing is not None:
         return existing, False
-    if draft is None:  # unreachable: trainings are never deleted; kept for safety
-        draft = _draft(session, *args)
+    # A replay seen unlocked is seen again under the lock (trainings are never deleted).
+    assert draft is not None
     if dataset.labels_sha256 != draft.labels_sha256:
         raise ConflictError(
             "the dataset's labels changed while this training was being planned; "
