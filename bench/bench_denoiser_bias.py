@@ -13,15 +13,24 @@ n₂ and several independent alternative batches and noise draws it reports
 * ``bias``: ‖mean(denoised) − g‖/‖g‖ over the draws — what does not average out
   over steps, plus the variance left by averaging only ``--draws`` draws (so for
   DP-SGD it is ``error/√draws``, not its expectation 0): compare it across rows
-  with the same draws only.
+  with the same draws only;
+* ``layers``: per parameter tensor, the cosine of the mean output with ``g``'s
+  part and their norm ratio — the overall numbers are dominated by the largest
+  layers, and a projection that loses the small ones (convolutions, biases)
+  looks fine in them.
+
+``--epsilons inf`` measures σ = 0: what the projection does to the noise-free
+gradient, i.e. its bias alone.
 
     python -m bench.bench_denoiser_bias [--alt-batch-sizes 64 256 1024] [--draws 4]
+        [--epsilons 0.1 1 inf] [--projection-steps 100]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import sys
@@ -34,18 +43,20 @@ from torch import Tensor
 
 from bench.bench_labeldp_pro import FULL, load_subsample
 from label_party.labeldp_pro.denoisers import (
+    Params,
     PerClassGradients,
     eval_mode,
     project_convex_hull,
     smooth,
     trainable_parameters,
+    unflatten,
 )
 from label_party.labeldp_pro.dpsgd import LabelDPProConfig, clipped_gradient_sum, train_labeldp_pro
 from shared.torch_models import ImageCNN, ImageCNNConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: σ of the bench's runs (bench/results/labeldp_pro.json, 177 steps, q = 1024/60000).
-SIGMAS = {0.1: 15.257, 0.5: 3.927, 1.0: 2.604}
+SIGMAS = {0.1: 15.257, 0.5: 3.927, 1.0: 2.604, math.inf: 0.0}
 NUM_CLASSES = 10
 
 
@@ -53,7 +64,7 @@ def _cos(a: Tensor, b: Tensor) -> float:
     return float(torch.dot(a, b) / (a.norm() * b.norm()).clamp(min=1e-12))
 
 
-def _stats(outputs: list[Tensor], g: Tensor) -> dict[str, float]:
+def _stats(outputs: list[Tensor], g: Tensor, like: Params) -> dict[str, Any]:
     gn = float(g.norm())
     mean = torch.stack(outputs).mean(dim=0)
     return {
@@ -61,6 +72,19 @@ def _stats(outputs: list[Tensor], g: Tensor) -> dict[str, float]:
         "norm": statistics.fmean(float(o.norm()) / gn for o in outputs),
         "error": statistics.fmean(float((o - g).norm()) / gn for o in outputs),
         "bias": float((mean - g).norm()) / gn,
+        "layers": _layers(mean, g, like),
+    }
+
+
+def _layers(mean: Tensor, g: Tensor, like: Params) -> dict[str, dict[str, float]]:
+    """Per parameter tensor: cos(mean output, g) and ‖mean output‖/‖g‖ on its slice."""
+    out_parts, g_parts = unflatten(mean, like), unflatten(g, like)
+    return {
+        name: {
+            "cos": _cos(out_parts[name].reshape(-1), part.reshape(-1)),
+            "norm": float(out_parts[name].norm() / part.norm().clamp(min=1e-12)),
+        }
+        for name, part in g_parts.items()
     }
 
 
@@ -95,7 +119,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for eps in args.epsilons:
         noise_scale = SIGMAS[eps] * FULL.clip_norm / FULL.batch_size
         noisy = [g + noise_scale * torch.randn(g.shape, generator=gen) for _ in range(args.draws)]
-        cell: dict[str, Any] = {"dp-sgd": _stats(noisy, g)}
+        cell: dict[str, Any] = {"dp-sgd": _stats(noisy, g, params)}
         for n2 in args.alt_batch_sizes:
             started = time.perf_counter()
             denoised = []
@@ -103,14 +127,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 alt = torch.randperm(x.shape[0], generator=gen)[:n2]
                 with eval_mode(model):
                     op = PerClassGradients(model, x[alt], NUM_CLASSES, clip_norm=FULL.clip_norm)
-                    alpha = project_convex_hull(op, target, steps=FULL.projection_steps,
+                    alpha = project_convex_hull(op, target, steps=args.projection_steps,
                                                 method="fista")  # fmt: skip
                     denoised.append(op.matvec(smooth(alpha, 1.0)))
             cell[f"alt-conv n2={n2}"] = {
-                **_stats(denoised, g),
+                **_stats(denoised, g, params),
                 "seconds_per_projection": (time.perf_counter() - started) / args.draws,
             }
-            print(f"ε={eps} n₂={n2}: {cell[f'alt-conv n2={n2}']}", flush=True)
+            summary = {k: v for k, v in cell[f"alt-conv n2={n2}"].items() if k != "layers"}
+            print(f"ε={eps} n₂={n2}: {summary}", flush=True)
         out["epsilons"][str(eps)] = cell
     return out
 
@@ -120,6 +145,7 @@ def main() -> None:
     p.add_argument("--alt-batch-sizes", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--epsilons", type=float, nargs="+", default=[0.1, 1.0], choices=SIGMAS)
     p.add_argument("--draws", type=int, default=4, help="alternative batches × noise draws")
+    p.add_argument("--projection-steps", type=int, default=FULL.projection_steps)
     p.add_argument("--epochs", type=int, default=1, help="DP-SGD epochs before measuring")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS / "denoiser_bias.json")
@@ -135,7 +161,7 @@ def main() -> None:
             "threads": args.threads,
         },
         "model_state": f"{args.epochs} epoch(s) of DP-SGD at ε = 1, seed 0",
-        "projection": f"{FULL.projection_steps} FISTA steps, λ = 1, clipped columns",
+        "projection": f"{args.projection_steps} FISTA steps, λ = 1, clipped columns",
         "result": result,
         "elapsed_seconds": time.perf_counter() - started,
     }
