@@ -17,6 +17,7 @@ from bench.report_render import (
     claim_infinity,
     claim_rr_on_bins,
     claim_unbiased,
+    classification,
     load_results,
     render,
 )
@@ -132,3 +133,23 @@ def test_sweep_is_incremental(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main([*argv, "--seeds", "2"]) == 0  # another public configuration: rerun
     assert json.loads(stored.read_text())["seeds"] == 2
     assert "| non-private |" in (tmp_path / "R.md").read_text()
+
+
+def _pro_results(epsilon: str, dp_sgd: float, pro: float) -> dict[str, Any]:
+    """A ``bench_labeldp_pro`` result with one ε row (std 0.5, 3 seeds)."""
+    row = {
+        m: {"mean": v, "std": 0.5, "runs": 3} for m, v in (("dp-sgd", dp_sgd), ("labeldp-pro", pro))
+    }
+    return {"settings": {"train": 60000, "epochs": 3}, "summary": {"accuracy": {epsilon: row}}}
+
+
+def test_labeldp_pro_table_shows_the_noise_free_caps(tmp_path: Path) -> None:
+    stored = {**_pro_results("1.0", 74.7, 70.9), "paper_table_14": {"1.0": {"dp-sgd": 81.5}}}
+    (tmp_path / "labeldp_pro.json").write_text(json.dumps(stored))
+    text = "\n".join(classification(tmp_path))
+    assert "| 1.0 | — | 74.7 ± 0.5 | 70.9 ± 0.5 | — | 81.5 | — |" in text
+    assert "σ = 0" not in text  # no ablation stored: no row invented
+    caps = _pro_results("inf", 75.1, 71.7)
+    (tmp_path / "labeldp_pro_noise_free.json").write_text(json.dumps(caps))
+    text = "\n".join(classification(tmp_path))
+    assert "| σ = 0 (not private) | — | 75.1 ± 0.5 | 71.7 ± 0.5 | — | — | — |" in text
