@@ -1,8 +1,9 @@
 """LabelDP-Pro vs DP-SGD vs RR on a Fashion-MNIST subsample (``labeldp-pro.txt`` Table 14).
 
-``python -m bench.bench_labeldp_pro [--quick]`` writes
-``bench/results/labeldp_pro.json`` (``labeldp_pro_quick.json`` with ``--quick``) and
-prints a markdown table beside the paper's Fashion-MNIST numbers (Table 14).
+``python -m bench.bench_labeldp_pro [--quick] [--dataset mnist-5k]`` writes
+``bench/results/labeldp_pro.json`` (``labeldp_pro_quick.json`` with ``--quick``,
+``labeldp_pro_mnist5k*.json`` on mnist-5k) and prints a markdown table beside the
+paper's numbers for the dataset (Table 14: Fashion-MNIST; Table 5a: MNIST).
 
 Methods, all with the paper's Table-10a CNN (:class:`shared.torch_models.ImageCNN`):
 
