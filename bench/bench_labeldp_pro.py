@@ -21,14 +21,14 @@ each method's noise-free cap under the same training budget.
 accuracy mean ± std, plus the per-epoch time ratio LabelDP-Pro / DP-SGD (paper
 Table 11: 1.11–3.84× on GPUs with JAX).
 
-This machine has 2 shared CPU cores and no GPU, so the run is a *subsample*: the
-first ``--train`` images of a fixed (public, seeded) permutation of Zalando's 60k
-training split, ``--test`` of its 10k test split, few epochs, a small ALTCONV
-batch and fewer projection steps than the paper's 200 (all printed and stored).
-Accuracies are therefore below the paper's, which trains on all 60k for up to
-10 epochs with tuned hyper-parameters; the comparison between methods at equal
-settings is the point. Seeds here are fixed for reproducibility: the library's
-production default is an OS-seeded generator.
+By default the runs train on the CPU, one torch thread each (``--jobs`` in
+parallel); ``--device cuda`` trains them on the GPU (the H100 results in
+bench/README.md). ``--train`` can take a fixed (public, seeded) subsample of
+Zalando's 60k training split; the test split is its 10k images. The defaults
+train 3 epochs with a small ALTCONV batch (all printed and stored), where the
+paper trains up to 10 epochs with tuned hyper-parameters; the comparison between
+methods at equal settings is the point. Seeds here are fixed for reproducibility:
+the library's production default is an OS-seeded generator.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
+from bench.devices import add_device_argument, check_device, gpu_name, synchronize
 from label_party.labeldp_pro import LabelDPProConfig, train_labeldp_pro
 from label_party.labeldp_pro.dpsgd import _EpochStats, _Loop, _make_optimizer
 from labeldp.datasets import fashion_mnist_arrays, mnist_5k_arrays
@@ -109,6 +110,8 @@ class Settings:
     dataset: str = "fashion-mnist"
     #: ``"dense"`` holds G in memory (the same projection, faster on small models).
     projection_backend: str = "autodiff"
+    #: Where the runs train: ``"cpu"`` (one torch thread a run) or ``"cuda"``.
+    device: str = "cpu"
 
 
 FULL = Settings(
@@ -208,19 +211,21 @@ def train_rr(
     x: Tensor, y: Tensor, epsilon: float, seed: int, s: Settings
 ) -> tuple[nn.Module, float]:
     torch.manual_seed(seed)
-    model = ImageCNN(ImageCNNConfig())
-    noisy = randomized_response(y, epsilon, seed)
+    model = ImageCNN(ImageCNNConfig()).to(s.device)
+    noisy = randomized_response(y, epsilon, seed).to(s.device)
+    x = x.to(s.device)
     opt = torch.optim.SGD(model.parameters(), lr=s.rr_learning_rate, momentum=0.9)
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     for _ in range(s.rr_epochs):
-        order = torch.randperm(x.shape[0], generator=gen)
+        order = torch.randperm(x.shape[0], generator=gen).to(s.device)
         for i in range(0, x.shape[0], s.rr_batch_size):
             rows = order[i : i + s.rr_batch_size]
             loss = functional.cross_entropy(model(x[rows]), noisy[rows])
             opt.zero_grad()
             loss.backward()
             opt.step()
+    synchronize(s.device)
     return model, (time.perf_counter() - start) / s.rr_epochs
 
 
@@ -245,8 +250,9 @@ def train_private(
         projection_method=s.projection_method,  # type: ignore[arg-type]
         projection_backend=s.projection_backend,  # type: ignore[arg-type]
         smoothing=s.smoothing,
+        device=s.device,
     )
-    gen = torch.Generator().manual_seed(10_000 + seed)
+    gen = torch.Generator(device=s.device).manual_seed(10_000 + seed)
     if math.isinf(epsilon):
         return model, train_noise_free(model, x, y, config, gen), None
     result = train_labeldp_pro(model, x, y, config=config, generator=gen)
@@ -264,21 +270,25 @@ def train_noise_free(
     sampling and the projection are unchanged, so the gap between ``dp-sgd`` and
     ``labeldp-pro`` here is the projection's bias alone.
     """
-    n = int(x.shape[0])
+    n, device = int(x.shape[0]), torch.device(config.device)
     steps_per_epoch = max(1, round(n / config.expected_batch_size))
+    model.to(device)
     optimizer = _make_optimizer(model, config)
+    x, y = x.to(device), y.to(device)
     loop = _Loop(model, x, y, config, 0.0, config.expected_batch_size / n, gen, optimizer)
     started = time.perf_counter()
     for _ in range(config.epochs * steps_per_epoch):
-        loop.step(_EpochStats(torch.device("cpu")))
+        loop.step(_EpochStats(device))
+    synchronize(config.device)
     return (time.perf_counter() - started) / config.epochs
 
 
 @torch.no_grad()
 def accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
     model.eval()
-    pred = torch.cat([model(x[i : i + 1000]).argmax(dim=1) for i in range(0, x.shape[0], 1000)])
-    return float((pred == y).double().mean()) * 100
+    device = next(model.parameters()).device
+    chunks = [model(x[i : i + 1000].to(device)).argmax(dim=1).cpu() for i in range(0, len(x), 1000)]
+    return float((torch.cat(chunks) == y).double().mean()) * 100
 
 
 def summarize(runs: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
@@ -388,8 +398,11 @@ def _options() -> argparse.Namespace:
     parser.add_argument(
         "--jobs", type=int, default=1, help="runs in parallel, one torch thread each"
     )
+    add_device_argument(parser, "where the runs train (default cpu, one thread a run)")
     parser.add_argument("--out", type=Path, help="result JSON (default bench/results/…)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    check_device(parser, args.device)
+    return args
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -408,7 +421,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         "epsilons": tuple(args.epsilons) if args.epsilons else None,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,
     }
-    return replace(s, **{k: v for k, v in overrides.items() if v is not None})
+    return replace(s, **{k: v for k, v in overrides.items() if v is not None}, device=args.device)
 
 
 _DATA: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
@@ -481,6 +494,7 @@ def _write(
             "platform": platform.platform(),
             "torch": torch.__version__,
             "threads_per_run": 1,
+            **gpu_name(s.device),
         },
         f"paper_table_{PAPER_TABLES[s.dataset][0]}": {
             str(k): v for k, v in PAPER_TABLES[s.dataset][1].items()

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from bench.bench_labeldp_pro import FULL, load_subsample
+from bench.devices import add_device_argument, check_device, gpu_name, synchronize
 from label_party.labeldp_pro.denoisers import (
     PROJECTION_BACKENDS,
     denoise,
@@ -47,11 +48,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NUM_CLASSES = 10
 
 
-def _median_seconds(fn: Any, repeats: int) -> float:
+def _median_seconds(fn: Any, repeats: int, device: torch.device) -> float:
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -60,17 +63,21 @@ def measure_one(
     model: torch.nn.Module, inputs: Tensor, target: Tensor, steps: int, backend: str, repeats: int
 ) -> tuple[dict[str, float], Tensor]:
     """The four costs of one backend at one n₂, and its denoised gradient."""
+    device = inputs.device
     with eval_mode(model):
+        synchronize(device)
         start = time.perf_counter()
         op = per_class_gradients(model, inputs, NUM_CLASSES, clip_norm=1.0, backend=backend)  # type: ignore[arg-type]
+        synchronize(device)
         build = time.perf_counter() - start
-        u = torch.full((op.num_columns,), 1.0 / op.num_columns)
-        step = _median_seconds(lambda: op.rmatvec(op.matvec(u)), repeats)
+        u = torch.full((op.num_columns,), 1.0 / op.num_columns, device=device)
+        step = _median_seconds(lambda: op.rmatvec(op.matvec(u)), repeats, device)
 
     start = time.perf_counter()
     denoised = denoise("alt-conv", target, model, inputs, NUM_CLASSES, steps=steps,
                        smoothing=1.0, method="fista", vertex_clip_norm=1.0,
                        backend=backend)  # type: ignore[arg-type]  # fmt: skip
+    synchronize(device)
     projection = time.perf_counter() - start
     held = inputs.shape[0] * NUM_CLASSES * op.dim * 4 / 2**20 if backend == "dense" else 0.0
     costs = {"build_s": build, "step_ms": 1000 * step, "projection_s": projection, "g_mib": held}
@@ -79,14 +86,16 @@ def measure_one(
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
+    device = torch.device(args.device)
     x, _y, _xt, _yt = load_subsample(FULL.train, 0)
-    model = ImageCNN(ImageCNNConfig())
-    target = 0.01 * torch.randn(sum(p.numel() for p in model.parameters()))
+    x = x.to(device)
+    model = ImageCNN(ImageCNNConfig()).to(device)
+    target = 0.01 * torch.randn(sum(p.numel() for p in model.parameters())).to(device)
     for backend in PROJECTION_BACKENDS:  # warm-up: torch's one-time set-up is not a cost
         measure_one(model, x[:2], target, 1, backend, 1)
     rows: dict[str, Any] = {}
     for n2, steps in zip(args.alt_batch_sizes, args.steps, strict=True):
-        inputs = x[torch.randperm(x.shape[0])[:n2]]
+        inputs = x[torch.randperm(x.shape[0])[:n2].to(device)]
         row: dict[str, Any] = {"steps": steps}
         outputs = {}
         for backend in PROJECTION_BACKENDS:
@@ -111,10 +120,12 @@ def main() -> None:
     )  # fmt: skip
     p.add_argument("--repeats", type=int, default=5, help="timed G·u, Gᵀ·v pairs")
     p.add_argument("--threads", type=int, default=1)
+    add_device_argument(p, "where the model and G live")
     p.add_argument("--out", type=Path, default=RESULTS / "projection_backends.json")
     args = p.parse_args()
     if len(args.steps) != len(args.alt_batch_sizes):
         p.error("give one --steps value per --alt-batch-sizes value")
+    check_device(p, args.device)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     rows = measure(args)
@@ -135,6 +146,8 @@ def main() -> None:
             "platform": platform.platform(),
             "torch": torch.__version__,
             "threads": args.threads,
+            "device": args.device,
+            **gpu_name(args.device),
         },
         "model": "Table-10a CNN, d = 9066, untrained; FISTA, clipped columns (C = 1), λ = 1",
         "rows": rows,

@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from bench.devices import add_device_argument, check_device, gpu_name, synchronize
 from feature_party.training.config import TrainingConfig
 from feature_party.training.data import ColumnRoles, fit_preprocessing
 from feature_party.training.dataset import TrainingData
@@ -50,6 +51,7 @@ from feature_party.training.loop import EmbeddingUpdates, train
 from feature_party.training.losses import make_loss
 
 RESULTS = Path(__file__).parent / "results" / "training.json"
+RESULTS_CUDA = RESULTS.with_name("training_cuda.json")
 
 
 def synthetic_tensors(
@@ -73,15 +75,18 @@ def synthetic_tensors(
     return TrainingData(tensors, y, empty, y[:0], pre, make_loss("squared"), None)
 
 
-def matmul_gflops(threads: int) -> float:
+def matmul_gflops(threads: int, device: str = "cpu") -> float:
+    """The fp32 rate of a matmul of the first hidden layer's shape on ``device``."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(8192, 256), torch.randn(256, 128)
+    a, b = torch.randn(8192, 256, device=device), torch.randn(256, 128, device=device)
     for _ in range(3):
         a @ b
+    synchronize(device)
     reps = 30
     t = time.perf_counter()
     for _ in range(reps):
         a @ b
+    synchronize(device)
     return 2 * 8192 * 256 * 128 * reps / (time.perf_counter() - t) / 1e9
 
 
@@ -107,7 +112,14 @@ PATHS: dict[str, EmbeddingUpdates] = {"before": "dense", "after": "lazy"}
 
 
 def run(
-    name: str, n: int, numeric: int, categorical: int, vocab: int, epochs: int, reps: int
+    name: str,
+    n: int,
+    numeric: int,
+    categorical: int,
+    vocab: int,
+    epochs: int,
+    reps: int,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     data = synthetic_tensors(n, numeric, categorical, vocab, seed=0)
@@ -119,14 +131,14 @@ def run(
         hidden=[128, 64],
         validation_fraction=0.0,
         early_stopping_patience=None,
-        device="cpu",
+        device=device,  # type: ignore[arg-type]
     )
     per_epoch: dict[str, list[int]] = {label: [] for label in PATHS}
     per_cpu_second: dict[str, list[int]] = {label: [] for label in PATHS}
     for _ in range(reps):
         for label, updates in PATHS.items():
             cpu = time.process_time()
-            result = train(data, config, device=torch.device("cpu"), embedding_updates=updates)
+            result = train(data, config, device=torch.device(device), embedding_updates=updates)
             cpu = time.process_time() - cpu
             per_epoch[label] += [round(h["examples_per_second"]) for h in result.history]
             per_cpu_second[label].append(round(n * epochs / cpu))
@@ -166,26 +178,36 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="epochs per repetition")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each path")
     parser.add_argument("--threads", type=int, default=2)
+    add_device_argument(parser, "where the model trains")
+    parser.add_argument("--out", type=Path, help="result JSON (default bench/results/…)")
     args = parser.parse_args()
+    check_device(parser, args.device)
+    out_path = args.out or (RESULTS_CUDA if args.device == "cuda" else RESULTS)
     torch.set_num_threads(args.threads)
     load_at_start = os.getloadavg()[0]
-    gflops = matmul_gflops(args.threads)
-    runs = [
-        run("criteo-shape 13+26", args.examples, 13, 26, 10_000, args.epochs, args.reps),
+    gflops = matmul_gflops(args.threads, args.device)
+    shapes = [
+        ("criteo-shape 13+26", 13, 26, 10_000),
         # The jobs' default max_vocab: the table grows with the data (Criteo-like).
-        run("criteo 13+26 vocab100k", args.examples, 13, 26, 100_000, args.epochs, args.reps),
-        run("narrow 8+8", args.examples, 8, 8, 10_000, args.epochs, args.reps),
+        ("criteo 13+26 vocab100k", 13, 26, 100_000),
+        ("narrow 8+8", 8, 8, 10_000),
+    ]
+    runs = [
+        run(name, args.examples, numeric, categorical, vocab, args.epochs, args.reps, args.device)
+        for name, numeric, categorical, vocab in shapes
     ]
     for r in runs:
         r["flop_bound_examples_per_second"] = round(gflops * 1e9 / r["dense_flops_per_example"])
     out = {
-        "benchmark": "feature_party.training.loop.train, CPU, batch 8192, emb 8, hidden 128-64",
+        "benchmark": f"feature_party.training.loop.train, {args.device.upper()}, batch 8192, "
+        "emb 8, hidden 128-64",
         "command": "python -m bench.bench_training "
         f"--examples {args.examples} --epochs {args.epochs} --reps {args.reps} "
-        f"--threads {args.threads}",
+        f"--threads {args.threads}" + (" --device cuda" if args.device == "cuda" else ""),
         "torch": torch.__version__,
         "threads": args.threads,
         "cpu": platform.processor() or platform.machine(),
+        **gpu_name(args.device),
         "load_average_at_start": load_at_start,
         "note": "shared, noisy machine: compare min/median/max of before and after, which "
         "were measured alternately in this run",
@@ -193,8 +215,8 @@ def main() -> None:
         "runs": runs,
     }
     out["load_average_at_end"] = os.getloadavg()[0]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"\n{'shape':<20} {'path':<7} {'min':>9} {'median':>9} {'max':>9}  ex/s")
     for r in runs:
         for label in PATHS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,30 @@ def test_no_label_change_is_easier_to_detect_than_the_antipodal_one() -> None:
     assert worst["ratio"] <= 1.0 + 2 * result["grid_error"] + 1e-6
     assert (worst["norm_v"], worst["norm_v_prime"]) == (1.0, 1.0)
     assert worst["angle"] == pytest.approx(math.pi)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("module", ["bench_labeldp_pro", "bench_projection", "bench_training"])
+def test_a_gpu_run_without_a_gpu_is_refused_with_the_reason(module: str, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", f"bench.{module}", "--device", "cuda",
+               "--out", str(tmp_path / "out.json")]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--device cuda: torch sees no CUDA device" in done.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_the_gpu_check_stops_at_once_without_a_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu"
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "gpu-check"), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert done.returncode == 1
+    assert "gpu-check: torch" in done.stderr and "sees no CUDA device here" in done.stderr
+    assert not out.exists()

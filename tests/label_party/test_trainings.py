@@ -24,6 +24,7 @@ from label_party.models import Training
 from label_party.storage import TRAININGS_GRACE_SECONDS
 from label_party.trainings.worker import Worker
 from shared.torch_models import build_model, model_config_from_dict
+from tests.cuda import needs_cuda
 from tests.label_party.conftest import Server
 from tests.label_party.helpers import create_client, parquet_bytes, upload_labels
 
@@ -158,6 +159,31 @@ def test_cnn_training_charges_ledger_and_releases_a_model(server: Server, grante
     assert admin.get("/v1/audit/verify").json()["ok"] is True
     actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]
     assert "training.reserved" in actions and "training.succeeded" in actions
+
+
+@needs_cuda
+def test_a_gpu_worker_trains_and_releases_a_model_a_cpu_loads(server: Server, granted: Any) -> None:
+    """``LABELDP_TRAINING_DEVICE=cuda``: the worker trains on the GPU and the
+    released weights are CPU tensors (a features party without a GPU loads them
+    with plain ``torch.load``)."""
+    _admin, client, dataset_id, ids, labels = granted
+    r = submit(client, dataset_id, images(ids, labels), epsilon=4, delta=1e-5,
+               expected_batch_size=100, projection_backend="dense", **FAST)  # fmt: skip
+    assert r.status_code == 201, r.text
+    settings = _settings(server).model_copy(update={"training_device": "cuda"})
+    db = connect(settings.resolved_database_url)
+    try:
+        assert Worker(db, settings, worker_id="gpu-worker").run(once=True) >= 1
+    finally:
+        db.dispose()
+    done = client.get(f"/v1/trainings/{r.json()['id']}").json()
+    assert done["status"] == "succeeded", done["error"]
+    assert done["metrics"]["device"] == "cuda"
+    blob = torch.load(io.BytesIO(client.get(f"/v1/trainings/{done['id']}/model").content))
+    assert {t.device.type for t in blob["state_dict"].values()} == {"cpu"}
+    net = build_model(model_config_from_dict(blob["model"]))
+    net.load_state_dict(blob["state_dict"])
+    assert net(torch.zeros(2, 28 * 28)).shape == (2, NUM_CLASSES)
 
 
 def test_mlp_training_default_delta_is_one_over_n(server: Server, granted: Any) -> None:
