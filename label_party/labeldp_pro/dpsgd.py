@@ -328,6 +328,8 @@ def train_labeldp_pro(
         if report is not None:
             report(_progress(epoch, done, first, total_steps, started, stats, config))
         if within == steps_per_epoch - 1:
+            if device.type == "cuda":  # the epoch's kernels end before its clock stops
+                torch.cuda.synchronize(device)
             now = time.perf_counter()
             history.append(stats.summary(epoch, stats.steps, now - epoch_start))
             stats, epoch_start = _EpochStats(device), now
