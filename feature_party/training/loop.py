@@ -11,13 +11,15 @@ extra communication.
 Checkpoints are written after every epoch (atomically, rank 0 only) and the loop
 resumes from one, so a job whose worker died continues from its last epoch.
 
-Embedding updates. In a single process the embedding table gets sparse gradients
-and the configured optimizer is applied lazily to the rows each batch touched
+Embedding updates. In a single process on a CPU the embedding table gets sparse
+gradients and the configured optimizer is applied lazily to the rows each batch touched
 (``feature_party.training.optim``; the TF/Keras behaviour for sparse gradients),
 which saves the table-sized gradient and optimizer passes of every step on CPU
 (``bench/bench_training.py`` measures both). Under
 DistributedDataParallel (``wrap``) gradients stay dense, as DDP all-reduces them,
-and every row gets the dense update. ``embedding_updates`` forces either.
+and every row gets the dense update; on a GPU the dense update is the faster
+one, so it is the default there too (:func:`auto_embedding_updates`).
+``embedding_updates`` forces either.
 """
 
 from __future__ import annotations
@@ -175,6 +177,21 @@ def _save_atomic(obj: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def auto_embedding_updates(
+    device: torch.device, *, wrapped: bool, checkpoint: dict[str, Any] | None
+) -> Literal["lazy", "dense"]:
+    """What ``embedding_updates="auto"`` means: dense under DDP (it all-reduces
+    dense gradients); a resumed run's own choice; else lazy on a CPU, where it
+    saves the table-sized passes of every step, and dense on a GPU, where those
+    passes are cheap and the sparse bookkeeping's small kernels cost more (1.13–1.49×
+    faster dense on an H100; bench/README.md, "On a GPU")."""
+    if wrapped:
+        return "dense"
+    if checkpoint is not None:
+        return "lazy" if checkpoint.get("embedding_updates") == "lazy" else "dense"
+    return "lazy" if device.type == "cpu" else "dense"
+
+
 def train(
     data: TrainingData,
     config: TrainingConfig,
@@ -193,9 +210,9 @@ def train(
     without a validation split). ``wrap`` wraps the model (DDP); ``report`` is
     called about every ``report_every_seconds`` and after each epoch, and may
     raise :class:`Interrupted`. ``embedding_updates``: ``lazy`` (sparse gradients,
-    touched rows only), ``dense``, or ``auto`` (lazy unless ``wrap`` is given; a
-    resumed run keeps its checkpoint's choice). ``init_state`` (an earlier model's
-    weights, same architecture) replaces the random initialization."""
+    touched rows only), ``dense``, or ``auto`` (:func:`auto_embedding_updates`).
+    ``init_state`` (an earlier model's weights, same architecture) replaces the
+    random initialization."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)  # the same initial weights on every rank and run
         model = build_model(data, config).to(device)
@@ -209,10 +226,7 @@ def train(
         ckpt = torch.load(checkpoint_path, map_location=device, weights_only=True)
     mode = embedding_updates
     if mode == "auto":
-        if wrap is not None:
-            mode = "dense"
-        else:
-            mode = "lazy" if ckpt is None else ckpt.get("embedding_updates", "dense")
+        mode = auto_embedding_updates(device, wrapped=wrap is not None, checkpoint=ckpt)
     if wrap is not None and mode == "lazy":
         raise ValueError("lazy embedding updates need unwrapped (non-DDP) training")
     lazy = mode == "lazy" and model.embedding is not None

@@ -15,7 +15,7 @@ from feature_party.training.artifact import load_artifact
 from feature_party.training.config import TrainingConfig
 from feature_party.training.data import ColumnRoles, fit_preprocessing
 from feature_party.training.dataset import load_training_data
-from feature_party.training.loop import Interrupted, Progress, train
+from feature_party.training.loop import Interrupted, Progress, auto_embedding_updates, train
 from feature_party.training.losses import make_loss, rr_matrix
 from feature_party.training.runner import RunSpec, execute
 from tests.feature_party.conftest import synthetic
@@ -226,6 +226,24 @@ def test_lazy_row_updates_match_the_dense_optimizer_on_touched_rows(algorithm: s
     lazy.step()
     changed = (lazy_w.detach() != before).any(dim=1)
     assert changed.tolist() == [False, True, False, False, False, False]
+
+
+@pytest.mark.parametrize(
+    ("device", "wrapped", "checkpoint", "expected"),
+    [
+        ("cpu", False, None, "lazy"),  # sparse row updates save table-sized passes
+        ("cuda", False, None, "dense"),  # measured faster on an H100
+        ("cpu", True, None, "dense"),  # DDP all-reduces dense gradients
+        ("cuda", False, {"embedding_updates": "lazy"}, "lazy"),  # a resumed run keeps its own
+        ("cpu", False, {"embedding_updates": "dense"}, "dense"),
+        ("cpu", False, {}, "dense"),  # checkpoints from before the choice was stored
+    ],
+)
+def test_auto_embedding_updates(
+    device: str, wrapped: bool, checkpoint: dict[str, Any] | None, expected: str
+) -> None:
+    got = auto_embedding_updates(torch.device(device), wrapped=wrapped, checkpoint=checkpoint)
+    assert got == expected
 
 
 def test_lazy_and_dense_embedding_updates_both_learn(tmp_path: Path) -> None:
