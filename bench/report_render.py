@@ -381,6 +381,13 @@ def classification(bench_results: Path) -> list[str]:
         table = _pro_table(pro, caps)
         lines += ["### RR vs DP-SGD vs LabelDP-Pro (paper Table 14)", "", *table, ""]
         lines += _larger_hull_table(bench_results)
+    gpu = _read(bench_results / "labeldp_pro_cuda_n2_1024.json")
+    if gpu is not None and "summary" in gpu:
+        device = gpu.get("machine", {}).get("gpu", "a GPU")
+        lines += [f"### The same with n₂ = 1024 on {device} (`--device cuda`)", "",
+                  *_pro_table(gpu), "",
+                  "README.md, \"On a GPU\", has the commands, the timings and the "
+                  "10-epoch runs.", ""]  # fmt: skip
     return lines if len(lines) > 6 else []
 
 

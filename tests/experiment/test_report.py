@@ -169,3 +169,14 @@ def test_labeldp_pro_report_adds_the_larger_hull_runs_when_stored(tmp_path: Path
         "| 1.0 | 73.9 ± 0.5 | 3 | 1,200 |",
         "| σ = 0 (not private) | 74.8 ± 0.5 | 3 | 1,200 |",
     ]
+
+
+def test_labeldp_pro_report_adds_the_gpu_table_when_stored(tmp_path: Path) -> None:
+    assert "--device cuda" not in "\n".join(classification(tmp_path))
+    stored = {**_pro_results("0.5", 74.45, 72.62), "machine": {"gpu": "NVIDIA H100 80GB HBM3"}}
+    stored["settings"] |= {"alt_batch_size": 1024, "projection_steps": 400}
+    (tmp_path / "labeldp_pro_cuda_n2_1024.json").write_text(json.dumps(stored))
+    text = "\n".join(classification(tmp_path))
+    assert "### The same with n₂ = 1024 on NVIDIA H100 80GB HBM3 (`--device cuda`)" in text
+    assert "ALTCONV n₂ = 1024, 400" in text
+    assert "| 0.5 | — | 74.5 ± 0.5 | 72.6 ± 0.5 | — | — | — |" in text
