@@ -8,6 +8,7 @@ print one line to stderr and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +17,15 @@ from feature_party.client import LabelsPartyError
 from label_party import cli as label_cli
 from labeldp import demo, experiment
 from labeldp.processes import ServiceStartError
+
+#: Options whose value is a secret token. ``secrets.token_urlsafe`` (which the
+#: docs suggest for admin tokens) starts one token in 64 with ``-``, which
+#: argparse would take for an option; :func:`attach_token_values` keeps it a value.
+TOKEN_OPTIONS = frozenset({"--token", "--labels-token", "--features-token"})
+
+#: What a mistyped command's next option looks like (``--token --url …``): such a
+#: word stays an option, so the missing token is reported, not swallowed.
+_LONG_OPTION = re.compile(r"--[a-z][a-z-]*")
 
 #: Failures of a run (a service down, a step refused): one line, exit status 1.
 RUNTIME_ERRORS = (demo.DemoError, LabelsPartyError, ServiceStartError)
@@ -34,9 +44,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def attach_token_values(argv: Sequence[str]) -> list[str]:
+    """``--token VALUE`` → ``--token=VALUE`` for the :data:`TOKEN_OPTIONS`, so a
+    token beginning with ``-`` parses as the value it is."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word, value = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        if word in TOKEN_OPTIONS and value is not None and not _LONG_OPTION.fullmatch(value):
+            out.append(f"{word}={value}")
+            i += 2
+        else:
+            out.append(word)
+            i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_token_values(sys.argv[1:] if argv is None else argv))
     try:
         result: int = args.handler(args)
     except (label_cli.CommandError, feature_cli.CommandError, ValueError) as exc:

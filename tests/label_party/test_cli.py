@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,3 +60,17 @@ def test_serve_refuses_to_start_without_a_real_admin_token(
     monkeypatch.setenv("LABELDP_ADMIN_TOKEN", "changeme")
     assert main(["label-party", "serve", "--port", "1"]) == 2
     assert "LABELDP_ADMIN_TOKEN" in capsys.readouterr().err
+
+
+def test_a_token_beginning_with_a_dash_is_its_value(
+    make_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # secrets.token_urlsafe, which the docs suggest, starts one token in 64 so.
+    token = "-Wq" + "k" * 29
+    server = make_server().start(LABELDP_ADMIN_TOKEN=token)
+    assert main(["label-party", "verify-audit", "--url", server.url, "--token", token]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    with pytest.raises(SystemExit) as missing:  # a forgotten token is still reported
+        main(["label-party", "verify-audit", "--token", "--url", server.url])
+    assert missing.value.code == 2
+    assert "--token: expected one argument" in capsys.readouterr().err

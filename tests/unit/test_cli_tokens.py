@@ -1,0 +1,20 @@
+"""The CLI keeps a token that begins with ``-`` a value (``labeldp.cli``)."""
+
+from __future__ import annotations
+
+from labeldp.cli import attach_token_values, build_parser
+
+
+def test_the_demo_takes_dash_tokens() -> None:
+    argv = ["demo", "--labels-party", "http://a", "--labels-token", "-a1",
+            "--features-party", "http://b", "--features-token", "-b2"]  # fmt: skip
+    args = build_parser().parse_args(attach_token_values(argv))
+    assert (args.labels_token, args.features_token) == ("-a1", "-b2")
+
+
+def test_other_words_pass_unchanged() -> None:
+    argv = ["label-party", "budget", "-d", "--url", "u", "--token"]
+    assert attach_token_values(argv) == argv  # the trailing option is argparse's to report
+    assert attach_token_values(["--token", "--url", "u"]) == ["--token", "--url", "u"]
+    assert attach_token_values(["--token", "--X9"]) == ["--token=--X9"]
+    assert attach_token_values(["--token=-a", "-v"]) == ["--token=-a", "-v"]
