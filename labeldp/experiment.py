@@ -795,19 +795,7 @@ def human(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``labeldp experiment`` on its own, with the CLI's error mapping (for tests)."""
-    from feature_party.client import LabelsPartyError
-    from labeldp.processes import ServiceStartError
+    """``labeldp experiment ARGV`` through the whole command line (for tests)."""
+    from labeldp import cli  # it imports this module
 
-    parser = argparse.ArgumentParser(prog="labeldp")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["experiment", *(argv or [])])
-    try:
-        result: int = args.handler(args)
-    except ValueError as exc:
-        print(f"labeldp: error: {exc}", file=sys.stderr)
-        return 2
-    except (RunError, LabelsPartyError, ServiceStartError) as exc:
-        print(f"labeldp: error: {exc}", file=sys.stderr)
-        return 1
-    return result
+    return cli.main(["experiment", *(argv or [])])
