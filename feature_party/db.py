@@ -3,7 +3,7 @@
 One session per request (or per worker operation): it commits at the end and
 rolls back on error; services and repositories never commit (Polar's rule).
 Migrations (Alembic, ``feature_party/migrations``) run on every start of the
-service or a worker; on Postgres an advisory lock serializes concurrent starts.
+service or a worker, one process at a time (``shared.migrations``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+
+from shared.migrations import upgrade_to_head
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _ADVISORY_LOCK = 0x1ABE1D9F  # any constant shared by every features-party process
@@ -43,13 +43,7 @@ def make_engine(url: str) -> Engine:
 
 def migrate(engine: Engine) -> None:
     """Upgrade the database to the newest migration."""
-    cfg = Config()
-    cfg.set_main_option("script_location", str(_MIGRATIONS))
-    with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_LOCK})
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    upgrade_to_head(engine, _MIGRATIONS, advisory_key=_ADVISORY_LOCK)
 
 
 class Database:

@@ -22,13 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from shared.migrations import upgrade_to_head
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+#: The Postgres advisory lock that serializes this party's migrations.
+MIGRATION_LOCK = 7358002
 
 #: Seconds a SQLite writer waits for the write lock before giving up.
 SQLITE_BUSY_TIMEOUT = 300
@@ -114,12 +116,6 @@ def lock_audit_chain(session: Session) -> None:
 
 
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest revision (run at server start)."""
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        if engine.dialect.name == "postgresql":
-            # Servers starting together migrate one after the other.
-            connection.execute(text("SELECT pg_advisory_xact_lock(7358002)"))
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+    """Bring the schema to the newest revision (run at server and worker start,
+    one process at a time: ``shared.migrations``)."""
+    upgrade_to_head(engine, MIGRATIONS_DIR, advisory_key=MIGRATION_LOCK)

@@ -94,21 +94,30 @@ def _runnable_pages() -> list[str]:
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str], what: str) -> None:
-    result = subprocess.run(
-        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False
-    )
+    try:
+        result = subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+    except subprocess.TimeoutExpired as exc:  # the services' logs say what it waited on
+        pytest.fail(f"{what} timed out\n--- stderr\n{_text(exc.stderr)}{_log_tails(env)}")
     if os.environ.get("DOCS_TEST_ECHO"):
         print(f"--- {what}\n{result.stdout}{result.stderr}")
     if result.returncode != 0:
-        logs = Path(env["DOC_LOGS"])
-        tails = "".join(
-            f"\n--- {log.name} (tail)\n" + "\n".join(log.read_text().splitlines()[-20:])
-            for log in sorted(logs.glob("*.log"))
-        )
         pytest.fail(
             f"{what} failed with status {result.returncode}\n--- stdout\n{result.stdout}"
-            f"\n--- stderr\n{result.stderr}{tails}"
+            f"\n--- stderr\n{result.stderr}{_log_tails(env)}"
         )
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def _log_tails(env: dict[str, str]) -> str:
+    return "".join(
+        f"\n--- {log.name} (tail)\n" + "\n".join(log.read_text().splitlines()[-20:])
+        for log in sorted(Path(env["DOC_LOGS"]).glob("*.log"))
+    )
 
 
 @pytest.mark.slow

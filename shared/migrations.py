@@ -1,0 +1,67 @@
+"""Schema upgrades that processes starting together run one at a time.
+
+Both parties migrate on every start of a service or a worker (Alembic, each
+party's ``migrations`` folder), and a deployment starts them together. On
+Postgres a transaction-scoped advisory lock makes the second wait for the first.
+On SQLite the upgrade runs in one ``BEGIN IMMEDIATE`` transaction on a
+connection whose driver does not manage transactions itself: pysqlite's own
+handling leaves DDL outside any transaction, so two processes on a new file both
+saw no schema and both created it (``table … already exists``); and a deferred
+transaction that read first cannot take the write lock another committed after
+its read (``database is locked`` at once, without waiting). With the write lock
+taken at ``BEGIN``, the second process waits, then finds the schema current.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.pool import NullPool
+
+#: Seconds a SQLite upgrade waits for another process's to finish.
+SQLITE_WAIT_SECONDS: Final = 300
+
+
+def upgrade_to_head(engine: Engine, script_location: Path, *, advisory_key: int) -> None:
+    """Bring the database of ``engine`` to the newest revision in ``script_location``;
+    ``advisory_key`` names the Postgres lock (one per party)."""
+    config = Config()
+    config.set_main_option("script_location", str(script_location))
+    migrator = _immediate_sqlite(engine) if _is_sqlite_file(engine) else engine
+    try:
+        with migrator.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key})
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    finally:
+        if migrator is not engine:
+            migrator.dispose()
+
+
+def _is_sqlite_file(engine: Engine) -> bool:
+    # An in-memory database lives in its engine's connection: no other process sees it.
+    return engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:")
+
+
+def _immediate_sqlite(engine: Engine) -> Engine:
+    """An engine on the same file whose transactions start with ``BEGIN IMMEDIATE``."""
+    migrator = create_engine(
+        engine.url,
+        poolclass=NullPool,
+        connect_args={"timeout": SQLITE_WAIT_SECONDS, "check_same_thread": False},
+    )
+
+    @event.listens_for(migrator, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy, not the driver, begins
+
+    @event.listens_for(migrator, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return migrator
