@@ -14,16 +14,24 @@ n₂ and several independent alternative batches and noise draws it reports
   over steps, plus the variance left by averaging only ``--draws`` draws (so for
   DP-SGD it is ``error/√draws``, not its expectation 0): compare it across rows
   with the same draws only;
+* ``mean_scale`` and ``bias_across``: the bias split along ``g`` (the mean output's
+  length in units of ``g``: a rescaled step, as a learning rate would make) and
+  across it (a wrong direction);
 * ``layers``: per parameter tensor, the cosine of the mean output with ``g``'s
   part and their norm ratio — the overall numbers are dominated by the largest
   layers, and a projection that loses the small ones (convolutions, biases)
   looks fine in them.
 
 ``--epsilons inf`` measures σ = 0: what the projection does to the noise-free
-gradient, i.e. its bias alone.
+gradient, i.e. its bias alone. ``--smoothing`` applies §3.3's coefficient
+smoothing ``λ`` to the same projections (one row per λ; λ = 1 is the plain
+projection, the training's default is 0.75): it pulls every output toward the
+mean of the per-class gradients, so it trades the projection's error for a
+label-free direction — this measures where that trade pays.
 
     python -m bench.bench_denoiser_bias [--alt-batch-sizes 64 256 1024] [--draws 4]
         [--epsilons 0.1 1 inf] [--projection-steps 100] [--projection-backend dense]
+        [--smoothing 1 0.75 0.5]
 """
 
 from __future__ import annotations
@@ -72,6 +80,10 @@ def _stats(outputs: list[Tensor], g: Tensor, like: Params) -> dict[str, Any]:
         "norm": statistics.fmean(float(o.norm()) / gn for o in outputs),
         "error": statistics.fmean(float((o - g).norm()) / gn for o in outputs),
         "bias": float((mean - g).norm()) / gn,
+        # The bias split: along g (a rescaled step, which the learning rate absorbs)
+        # and across it (a wrong direction, which nothing absorbs).
+        "mean_scale": float(torch.dot(mean, g)) / gn**2,
+        "bias_across": float((mean - torch.dot(mean, g) / gn**2 * g).norm()) / gn,
         "layers": _layers(mean, g, like),
     }
 
@@ -103,6 +115,11 @@ def _state(x: Tensor, y: Tensor, epochs: int) -> torch.nn.Module:
     return model
 
 
+def _row_name(n2: int, smoothing: float) -> str:
+    """λ = 1 keeps the name of the rows measured before ``--smoothing`` existed."""
+    return f"alt-conv n2={n2}" + ("" if smoothing == 1.0 else f" λ={smoothing:g}")
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     x, y, _xt, _yt = load_subsample(FULL.train, 0)
@@ -122,7 +139,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cell: dict[str, Any] = {"dp-sgd": _stats(noisy, g, params)}
         for n2 in args.alt_batch_sizes:
             started = time.perf_counter()
-            denoised = []
+            denoised: dict[float, list[Tensor]] = {lam: [] for lam in args.smoothing}
             for target in noisy:
                 alt = torch.randperm(x.shape[0], generator=gen)[:n2]
                 with eval_mode(model):
@@ -131,13 +148,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                              backend=args.projection_backend)  # fmt: skip
                     alpha = project_convex_hull(op, target, steps=args.projection_steps,
                                                 method="fista")  # fmt: skip
-                    denoised.append(op.matvec(smooth(alpha, 1.0)))
-            cell[f"alt-conv n2={n2}"] = {
-                **_stats(denoised, g, params),
-                "seconds_per_projection": (time.perf_counter() - started) / args.draws,
-            }
-            summary = {k: v for k, v in cell[f"alt-conv n2={n2}"].items() if k != "layers"}
-            print(f"ε={eps} n₂={n2}: {summary}", flush=True)
+                    for lam, outputs in denoised.items():
+                        outputs.append(op.matvec(smooth(alpha, lam)))
+            seconds = (time.perf_counter() - started) / args.draws
+            for lam, outputs in denoised.items():
+                row = _row_name(n2, lam)
+                cell[row] = {**_stats(outputs, g, params), "seconds_per_projection": seconds}
+                summary = {k: v for k, v in cell[row].items() if k != "layers"}
+                print(f"ε={eps} {row}: {summary}", flush=True)
         out["epsilons"][str(eps)] = cell
     return out
 
@@ -152,10 +170,16 @@ def main() -> None:
         "--projection-backend", choices=("autodiff", "dense"), default="autodiff",
         help="how G is applied (dense: held in memory; the same projection, faster)",
     )  # fmt: skip
+    p.add_argument(
+        "--smoothing", type=float, nargs="+", default=[1.0], metavar="λ",
+        help="§3.3 coefficient smoothing applied to each projection (default 1)",
+    )  # fmt: skip
     p.add_argument("--epochs", type=int, default=1, help="DP-SGD epochs before measuring")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS / "denoiser_bias.json")
     args = p.parse_args()
+    if not all(0.0 <= lam <= 1.0 for lam in args.smoothing):
+        p.error("--smoothing values must be in [0, 1]")
     started = time.perf_counter()
     result = measure(args)
     payload = {
@@ -167,8 +191,9 @@ def main() -> None:
             "threads": args.threads,
         },
         "model_state": f"{args.epochs} epoch(s) of DP-SGD at ε = 1, seed 0",
-        "projection": f"{args.projection_steps} FISTA steps, λ = 1, clipped columns, "
+        "projection": f"{args.projection_steps} FISTA steps, clipped columns, "
         f"{args.projection_backend} backend",
+        "smoothing": args.smoothing,
         "result": result,
         "elapsed_seconds": time.perf_counter() - started,
     }
