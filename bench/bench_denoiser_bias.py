@@ -14,6 +14,8 @@ n₂ and several independent alternative batches and noise draws it reports
   over steps, plus the variance left by averaging only ``--draws`` draws (so for
   DP-SGD it is ``error/√draws``, not its expectation 0): compare it across rows
   with the same draws only;
+* ``systematic``: the part of ``bias`` that more draws would not shrink,
+  ``b² = (draws·bias² − mean error²)/(draws − 1)`` (0 for DP-SGD up to sampling);
 * ``mean_scale`` and ``bias_across``: the bias split along ``g`` (the mean output's
   length in units of ``g``: a rescaled step, as a learning rate would make) and
   across it (a wrong direction);
@@ -55,6 +57,7 @@ from label_party.labeldp_pro.denoisers import (
     eval_mode,
     per_class_gradients,
     project_convex_hull,
+    projection_noise_bias,
     smooth,
     trainable_parameters,
     unflatten,
@@ -73,13 +76,18 @@ def _cos(a: Tensor, b: Tensor) -> float:
 
 
 def _stats(outputs: list[Tensor], g: Tensor, like: Params) -> dict[str, Any]:
-    gn = float(g.norm())
+    gn, draws = float(g.norm()), len(outputs)
     mean = torch.stack(outputs).mean(dim=0)
+    bias2 = float((mean - g).norm()) ** 2
+    mse = statistics.fmean(float((o - g).norm()) ** 2 for o in outputs)
+    # E‖mean − g‖² = b² + (E‖o − g‖² − b²)/draws, solved for the systematic b.
+    systematic2 = (draws * bias2 - mse) / (draws - 1) if draws > 1 else math.nan
     return {
         "cos": statistics.fmean(_cos(o, g) for o in outputs),
         "norm": statistics.fmean(float(o.norm()) / gn for o in outputs),
         "error": statistics.fmean(float((o - g).norm()) / gn for o in outputs),
         "bias": float((mean - g).norm()) / gn,
+        "systematic": math.sqrt(max(systematic2, 0.0)) / gn,
         # The bias split: along g (a rescaled step, which the learning rate absorbs)
         # and across it (a wrong direction, which nothing absorbs).
         "mean_scale": float(torch.dot(mean, g)) / gn**2,
@@ -148,8 +156,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                              backend=args.projection_backend)  # fmt: skip
                     alpha = project_convex_hull(op, target, steps=args.projection_steps,
                                                 method="fista")  # fmt: skip
+                    if args.debias_draws:
+                        bias = projection_noise_bias(
+                            op, noise_scale, draws=args.debias_draws, generator=gen,
+                            steps=args.projection_steps, method="fista",
+                        )  # fmt: skip
                     for lam, outputs in denoised.items():
-                        outputs.append(op.matvec(smooth(alpha, lam)))
+                        projected = op.matvec(smooth(alpha, lam))
+                        outputs.append(projected - lam * bias if args.debias_draws else projected)
             seconds = (time.perf_counter() - started) / args.draws
             for lam, outputs in denoised.items():
                 row = _row_name(n2, lam)
@@ -174,6 +188,10 @@ def main() -> None:
         "--smoothing", type=float, nargs="+", default=[1.0], metavar="λ",
         help="§3.3 coefficient smoothing applied to each projection (default 1)",
     )  # fmt: skip
+    p.add_argument(
+        "--debias-draws", type=int, default=0,
+        help="subtract projection_noise_bias estimated from this many draws (default 0)",
+    )  # fmt: skip
     p.add_argument("--epochs", type=int, default=1, help="DP-SGD epochs before measuring")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS / "denoiser_bias.json")
@@ -194,6 +212,7 @@ def main() -> None:
         "projection": f"{args.projection_steps} FISTA steps, clipped columns, "
         f"{args.projection_backend} backend",
         "smoothing": args.smoothing,
+        "debias_draws": args.debias_draws,
         "result": result,
         "elapsed_seconds": time.perf_counter() - started,
     }

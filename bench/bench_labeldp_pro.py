@@ -112,6 +112,8 @@ class Settings:
     projection_backend: str = "autodiff"
     #: Where the runs train: ``"cpu"`` (one torch thread a run) or ``"cuda"``.
     device: str = "cpu"
+    #: ALTCONV's noise-bias correction (beyond the paper; 0: the paper's ALTCONV).
+    debias_draws: int = 0
 
 
 FULL = Settings(
@@ -250,6 +252,7 @@ def train_private(
         projection_method=s.projection_method,  # type: ignore[arg-type]
         projection_backend=s.projection_backend,  # type: ignore[arg-type]
         smoothing=s.smoothing,
+        debias_draws=s.debias_draws if denoiser == "alt-conv" else 0,
         device=s.device,
     )
     gen = torch.Generator(device=s.device).manual_seed(10_000 + seed)
@@ -332,6 +335,7 @@ def markdown(summary: dict[str, Any], s: Settings) -> str:
         f"{s.dataset}: {s.train} train / {s.test} test, {s.epochs} epochs, "
         f"batch {s.batch_size}, δ = 1/{s.train}, ALTCONV n₂ = {s.alt_batch_size}, "
         f"{s.projection_steps} {s.projection_method} projection steps, λ = {s.smoothing}, "
+        f"{s.debias_draws} noise-bias draws, "
         f"{len(s.seeds)} seed(s); paper: full 60k/10k.",
         "",
         "| ε | RR (ours) | DP-SGD (ours) | LabelDP-Pro (ours) | RR (paper) "
@@ -379,6 +383,11 @@ def _options() -> argparse.Namespace:
         help="how G is applied (default autodiff; dense holds it in memory)",
     )
     parser.add_argument("--smoothing", type=float, help="§3.3's λ (default 1: no smoothing)")
+    parser.add_argument(
+        "--debias-draws", type=int,
+        help="LabelDP-Pro: subtract the projection's noise bias estimated from this many "
+        "public draws (default 0, the paper's ALTCONV; denoisers.projection_noise_bias)",
+    )  # fmt: skip
     parser.add_argument("--train", type=int, help="training images (default 60000)")
     parser.add_argument("--epochs", type=int, help="DP-SGD/LabelDP-Pro epochs (default 3)")
     parser.add_argument(
@@ -414,6 +423,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         "projection_steps": args.projection_steps,
         "projection_backend": args.projection_backend,
         "smoothing": args.smoothing,
+        "debias_draws": args.debias_draws,
         "train": args.train,
         "epochs": args.epochs,
         "learning_rate": args.learning_rate,

@@ -52,6 +52,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 import torch
@@ -60,6 +61,8 @@ from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
 DenoiserName = Literal["noop", "self-span", "self-conv", "alt-conv"]
 DENOISERS: Final[tuple[str, ...]] = get_args(DenoiserName)
+#: The denoisers that project onto a convex hull (Table 1).
+CONVEX_HULL_DENOISERS: Final[tuple[str, ...]] = ("self-conv", "alt-conv")
 ProjectionMethod = Literal["pgd", "fista"]
 PROJECTION_METHODS: Final[tuple[str, ...]] = get_args(ProjectionMethod)
 ProjectionBackend = Literal["autodiff", "dense"]
@@ -493,6 +496,58 @@ def smooth(alpha: Tensor, smoothing: float) -> Tensor:
     return smoothing * alpha + (1.0 - smoothing) / alpha.numel()
 
 
+@dataclass(frozen=True)
+class Debias:
+    """What :func:`projection_noise_bias` needs from the training: its draws, the
+    noise's standard deviation on the mean gradient (``σC/B``) and the generator."""
+
+    draws: int
+    noise_std: float
+    generator: torch.Generator
+
+
+def projection_noise_bias(
+    op: GradientOperator,
+    noise_std: float,
+    *,
+    draws: int,
+    generator: torch.Generator,
+    steps: int = DEFAULT_PROJECTION_STEPS,
+    step_size: float | None = None,
+    method: ProjectionMethod = "pgd",
+) -> Tensor:
+    """An estimate of ``E[Proj(h + e)] − h``, the bias noise alone gives the
+    projection, from public data only (beyond the paper; bench/README.md).
+
+    Projecting onto a convex set is not linear, so the projection of a noisy
+    gradient is not, on average, the projection of the gradient: the noise pushes
+    it toward the hull's faces. Each draw takes a hull point ``h`` (every example
+    of the projection set with a label drawn from the model's own probabilities,
+    weight ``1/n``), adds fresh noise ``e ~ N(0, noise_std²I)`` — the noise
+    Algorithm 1 adds, per coordinate of the mean gradient — projects, and
+    measures the shift. It reads no label, so subtracting it is post-processing
+    and costs no privacy; each draw costs one more projection.
+    """
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    probabilities = op.probabilities
+    n, k = probabilities.shape
+    total: Tensor | None = None
+    for _ in range(draws):
+        labels = torch.multinomial(probabilities, 1, generator=generator).reshape(-1)
+        weights = torch.zeros(n * k, device=probabilities.device, dtype=probabilities.dtype)
+        weights[torch.arange(n, device=labels.device) * k + labels] = 1.0 / n
+        point = op.matvec(weights)
+        noise = torch.randn(point.shape, generator=generator, device=point.device,
+                            dtype=point.dtype)  # fmt: skip
+        alpha = project_convex_hull(op, point + noise_std * noise, steps=steps,
+                                    step_size=step_size, method=method)  # fmt: skip
+        shift = op.matvec(alpha) - point
+        total = shift if total is None else total + shift
+    assert total is not None
+    return total / draws
+
+
 def denoise(
     denoiser: DenoiserName,
     noisy_gradient: Tensor,
@@ -506,6 +561,7 @@ def denoise(
     method: ProjectionMethod = "pgd",
     vertex_clip_norm: float | None = None,
     backend: ProjectionBackend = "autodiff",
+    debias: Debias | None = None,
 ) -> Tensor:
     """Table 1: the denoised gradient, a flat vector like ``noisy_gradient``.
 
@@ -517,6 +573,8 @@ def denoise(
     projection ``G·α`` (smoothing is defined for convex weights only; clipping
     columns does not change a span). With no examples to project on, the result
     is zero. ``backend`` picks how ``G`` is applied (module docstring).
+    ``debias`` (convex hulls only) subtracts :func:`projection_noise_bias` from
+    the projection, scaled by λ like the projection it corrects.
     """
     if denoiser == "noop":
         return noisy_gradient
@@ -534,4 +592,10 @@ def denoise(
         alpha = project_convex_hull(
             op, noisy_gradient, steps=steps, step_size=step_size, method=method
         )
-        return op.matvec(smooth(alpha, smoothing))
+        denoised = op.matvec(smooth(alpha, smoothing))
+        if debias is None or debias.draws == 0:
+            return denoised
+        bias = projection_noise_bias(op, debias.noise_std, draws=debias.draws,
+                                     generator=debias.generator, steps=steps,
+                                     step_size=step_size, method=method)  # fmt: skip
+        return denoised - smoothing * bias

@@ -43,11 +43,13 @@ from label_party.labeldp_pro.accounting import (
     calibrate_noise,
 )
 from label_party.labeldp_pro.denoisers import (
+    CONVEX_HULL_DENOISERS,
     DEFAULT_PROJECTION_STEPS,
     DEFAULT_SMOOTHING,
     DENOISERS,
     PROJECTION_BACKENDS,
     PROJECTION_METHODS,
+    Debias,
     DenoiserName,
     Params,
     ProjectionBackend,
@@ -70,7 +72,10 @@ class LabelDPProConfig:
     ``projection_step_size`` drive §3.2's PGD (``None``: automatic step;
     ``projection_method="fista"`` accelerates it; ``projection_backend="dense"``
     holds ``G`` in memory, faster for small models: :mod:`.denoisers`);
-    ``smoothing`` is §3.3's ``λ``; ``clip_vertices`` clips the projection set's
+    ``smoothing`` is §3.3's ``λ``; ``debias_draws`` > 0 subtracts a public-data
+    estimate of the projection's noise-induced bias from each step's denoised
+    gradient (convex hulls only; beyond the paper, post-processing:
+    :func:`.denoisers.projection_noise_bias`); ``clip_vertices`` clips the projection set's
     per-class gradients at ``clip_norm`` like the signal (``False`` only for
     ablations; :mod:`.denoisers`). ``physical_batch_size`` bounds how many
     per-example gradients are held at once (memory only; no effect on privacy).
@@ -92,6 +97,7 @@ class LabelDPProConfig:
     projection_method: ProjectionMethod = "pgd"
     projection_backend: ProjectionBackend = "autodiff"
     smoothing: float = DEFAULT_SMOOTHING
+    debias_draws: int = 0
     clip_vertices: bool = True
     physical_batch_size: int = 1024
     device: str = "cpu"
@@ -113,6 +119,11 @@ class LabelDPProConfig:
         step = self.projection_step_size
         _require(step is None or step > 0, "projection_step_size must be > 0 or None")
         _require(0 <= self.smoothing <= 1, "smoothing must be in [0, 1]")
+        _require(self.debias_draws >= 0, "debias_draws must be >= 0")
+        _require(
+            self.debias_draws == 0 or self.denoiser in CONVEX_HULL_DENOISERS,
+            f"debias_draws applies to {' and '.join(CONVEX_HULL_DENOISERS)} only",
+        )
         methods = ", ".join(PROJECTION_METHODS)
         _require(
             self.projection_method in PROJECTION_METHODS,
@@ -429,9 +440,17 @@ class _Loop:
             method=cfg.projection_method,
             vertex_clip_norm=cfg.clip_norm if cfg.clip_vertices else None,
             backend=cfg.projection_backend,
+            debias=self._debias(),
         )
         self._apply(params, denoised)
         stats.add(batch.numel(), noisy, denoised, loss_sum if cfg.report_training_loss else None)
+
+    def _debias(self) -> Debias | None:
+        cfg = self.config
+        if cfg.debias_draws == 0:
+            return None
+        noise_std = self.sigma * cfg.clip_norm / cfg.expected_batch_size  # privatize's noise
+        return Debias(draws=cfg.debias_draws, noise_std=noise_std, generator=self.gen)
 
     def _projection_inputs(self, batch: Tensor) -> Tensor | None:
         """Features spanning the projection set (Table 1): ``I^G`` or a fresh ``I^P``."""

@@ -19,6 +19,7 @@ from label_party.labeldp_pro.denoisers import (
     project_convex_hull,
     project_simplex,
     project_span,
+    projection_noise_bias,
     smooth,
 )
 from shared.torch_models import ImageCNN, ImageCNNConfig
@@ -351,3 +352,46 @@ def test_the_dense_backend_keeps_to_its_memory_limit() -> None:
         per_class_gradients(model, x, K, backend="sparse")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="expected"):
         DensePerClassGradients(_mlp(classes=4), x, K)
+
+
+@pytest.mark.slow
+def test_the_noise_bias_estimate_centres_the_projection() -> None:
+    """Noise pushes a hull point's projection off it on average; subtracting
+    :func:`projection_noise_bias` removes that shift when the point is drawn as the
+    estimate draws its own (labels from the model's probabilities)."""
+    n, std, draws = 32, 0.4, 300
+    model = _mlp(seed=3, hidden=2)
+    x = torch.randn(n, 4, generator=torch.Generator().manual_seed(3))
+    op = DensePerClassGradients(model, x, K, clip_norm=1.0)
+    gen = torch.Generator().manual_seed(0)
+    plain, debiased = [], []
+    for _ in range(draws):
+        labels = torch.multinomial(op.probabilities, 1, generator=gen).reshape(-1)
+        weights = torch.zeros(op.num_columns)
+        weights[torch.arange(n) * K + labels] = 1.0 / n
+        point = op.matvec(weights)
+        noisy = point + std * torch.randn(point.shape, generator=gen)
+        shift = op.matvec(project_convex_hull(op, noisy, steps=100, method="fista")) - point
+        plain.append(shift)
+        bias = projection_noise_bias(op, std, draws=1, generator=gen, steps=100, method="fista")
+        debiased.append(shift - bias)
+
+    def mean_and_error(shifts: list[Tensor]) -> tuple[float, float]:
+        stacked = torch.stack(shifts)
+        return float(stacked.mean(0).norm()), float(stacked.std(0).norm()) / draws**0.5
+
+    (bias_plain, se_plain), (bias_debiased, se_debiased) = map(mean_and_error, (plain, debiased))
+    assert bias_plain > 3 * se_plain  # the projection is biased under noise
+    assert bias_debiased < 2 * se_debiased  # and the estimate takes it away
+    assert bias_debiased < bias_plain / 2
+
+
+def test_without_noise_the_bias_estimate_is_zero() -> None:
+    model = _mlp(seed=3, hidden=4)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(4))
+    op = DensePerClassGradients(model, x, K, clip_norm=1.0)
+    gen = torch.Generator().manual_seed(1)
+    bias = projection_noise_bias(op, 0.0, draws=3, generator=gen, steps=300, method="fista")
+    assert float(bias.norm()) < 1e-3  # every column is clipped to norm 1
+    with pytest.raises(ValueError, match="draws"):
+        projection_noise_bias(op, 0.1, draws=0, generator=gen)

@@ -105,15 +105,17 @@ def test_secure_generators_differ() -> None:
     assert not torch.equal(a, b)
 
 
-@pytest.mark.parametrize("denoiser", ["noop", "alt-conv"])
-def test_training_learns_a_separable_problem(denoiser: str) -> None:
+@pytest.mark.parametrize(
+    ("denoiser", "debias_draws"), [("noop", 0), ("alt-conv", 0), ("alt-conv", 1)]
+)
+def test_training_learns_a_separable_problem(denoiser: str, debias_draws: int) -> None:
     x, y = _blobs(400, seed=4)
     events: list[ProgressEvent] = []
     result = train_labeldp_pro(
         _linear(),
         x,
         y,
-        config=_config(denoiser=denoiser, smoothing=1.0, epochs=2),
+        config=_config(denoiser=denoiser, smoothing=1.0, epochs=2, debias_draws=debias_draws),
         report=events.append,
         generator=torch.Generator().manual_seed(5),
     )
@@ -201,6 +203,9 @@ def test_the_dense_backend_trains_the_same_model() -> None:
         ({"projection_step_size": 0.0}, "projection_step_size"),
         ({"projection_method": "newton"}, "projection_method"),
         ({"projection_backend": "gpu"}, "projection_backend"),
+        ({"debias_draws": -1}, "debias_draws"),
+        ({"denoiser": "noop", "debias_draws": 1}, "debias_draws applies to"),
+        ({"denoiser": "self-span", "debias_draws": 1}, "debias_draws applies to"),
     ],
 )
 def test_bad_config_is_refused(overrides: dict[str, object], message: str) -> None:
