@@ -156,14 +156,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                              backend=args.projection_backend)  # fmt: skip
                     alpha = project_convex_hull(op, target, steps=args.projection_steps,
                                                 method="fista")  # fmt: skip
-                    if args.debias_draws:
-                        bias = projection_noise_bias(
-                            op, noise_scale, draws=args.debias_draws, generator=gen,
-                            steps=args.projection_steps, method="fista",
-                        )  # fmt: skip
+                    bias = projection_noise_bias(
+                        op, noise_scale, draws=args.debias_draws, generator=gen,
+                        steps=args.projection_steps, method="fista",
+                    ) if args.debias_draws else torch.zeros_like(target)  # fmt: skip
                     for lam, outputs in denoised.items():
-                        projected = op.matvec(smooth(alpha, lam))
-                        outputs.append(projected - lam * bias if args.debias_draws else projected)
+                        outputs.append(op.matvec(smooth(alpha, lam)) - lam * bias)
             seconds = (time.perf_counter() - started) / args.draws
             for lam, outputs in denoised.items():
                 row = _row_name(n2, lam)
