@@ -198,22 +198,41 @@ def run_worker(args: argparse.Namespace) -> int:
 # -- client commands: the operator's side of the HTTP API ---------------------------
 
 
+def _add_connection(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--url`` and ``--token``, which every client command takes."""
+    p.add_argument(
+        "--url",
+        default=os.environ.get("LABELDP_URL", "http://127.0.0.1:8001"),
+        help="the labels party's base URL (default: $LABELDP_URL, else http://127.0.0.1:8001)",
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get("LABELDP_TOKEN"),
+        help="a bearer token (default: $LABELDP_TOKEN): the admin's, or a client's for "
+        "what a client may do (releases, budget, trainings of its granted datasets)",
+    )
+    return p
+
+
 def _register_client_commands(
     cmds: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
     def add(name: str, help_: str) -> argparse.ArgumentParser:
-        p = cmds.add_parser(name, help=help_)
-        p.add_argument("--url", default=os.environ.get("LABELDP_URL", "http://127.0.0.1:8001"))
-        p.add_argument(
-            "--token", default=os.environ.get("LABELDP_TOKEN"), help="default: $LABELDP_TOKEN"
-        )
-        return p
+        return _add_connection(cmds.add_parser(name, help=help_))
 
     p = add("create-dataset", "create a dataset (admin)")
     p.add_argument("--name", required=True)
     p.add_argument("--task", choices=["regression", "classification"], default="regression")
-    p.add_argument("--domain", required=True, help='JSON, e.g. \'{"min": 0, "max": 100}\'')
-    p.add_argument("--epsilon-budget", required=True)
+    p.add_argument(
+        "--domain", required=True,
+        help='JSON, e.g. \'{"min": 0, "max": 100}\' or \'{"num_classes": 10}\'',
+    )  # fmt: skip
+    p.add_argument("--epsilon-budget", required=True, help="the dataset's total ε")
+    p.add_argument(
+        "--delta-budget", default="0",
+        help="the dataset's total δ (default 0: pure-DP releases only; LabelDP-Pro "
+        "trainings spend δ)",
+    )  # fmt: skip
     p.set_defaults(handler=_create_dataset)
     p = add("upload", "upload a dataset's labels (.csv, .parquet, .jsonl)")
     p.add_argument("dataset")
@@ -282,6 +301,7 @@ def _create_dataset(args: argparse.Namespace) -> int:
         "task": args.task,
         "label_domain": domain,
         "epsilon_budget": args.epsilon_budget,
+        "delta_budget": args.delta_budget,
     }
     return _print(_request(args, "POST", "/v1/datasets", json=body))
 
@@ -318,9 +338,16 @@ def _download(args: argparse.Namespace) -> int:
     response = _request(
         args, "GET", f"/v1/releases/{args.release}/labels", params={"format": args.format}
     )
-    args.output.write_bytes(response.content)
+    _write_output(args.output, response.content)
     print(f"wrote {len(response.content)} bytes to {args.output}")
     return 0
+
+
+def _write_output(path: Path, content: bytes) -> None:
+    try:
+        path.write_bytes(content)
+    except OSError as exc:
+        raise CommandError(f"cannot write --output {path}: {exc.strerror}") from None
 
 
 def _budget(args: argparse.Namespace) -> int:
@@ -336,6 +363,12 @@ def _verify(args: argparse.Namespace) -> int:
 # -- LabelDP-Pro trainings -----------------------------------------------------------
 
 FINAL = ("succeeded", "failed", "cancelled")
+#: ``watch`` says once that nothing has picked a training up after this long.
+QUEUED_HINT_SECONDS = 30.0
+QUEUED_HINT = (
+    "still queued: trainings run in a labels-party worker (`labeldp label-party worker`, "
+    "with the service's settings); is one running?"
+)
 
 
 def _register_training_commands(
@@ -345,27 +378,47 @@ def _register_training_commands(
     sub = trainings.add_subparsers(dest="trainings_command", required=True, metavar="ACTION")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("--url", default=os.environ.get("LABELDP_URL", "http://127.0.0.1:8001"))
-        p.add_argument(
-            "--token", default=os.environ.get("LABELDP_TOKEN"), help="default: $LABELDP_TOKEN"
-        )
-        return p
+        return _add_connection(sub.add_parser(name, help=help_))
 
     p = add("create", "upload features and a spec; spends (ε, δ) now")
     p.add_argument("--dataset", required=True)
-    p.add_argument("--features", required=True, type=Path, help=".parquet, .csv or .jsonl")
-    p.add_argument("--epsilon", required=True)
-    p.add_argument("--delta", help="default: 1/n")
-    p.add_argument("--denoiser", choices=["noop", "self-span", "self-conv", "alt-conv"])
-    p.add_argument("--architecture", choices=["cnn", "mlp"])
+    p.add_argument(
+        "--features", required=True, type=Path,
+        help=".parquet, .csv or .jsonl: an example_id column and numeric feature columns",
+    )  # fmt: skip
+    p.add_argument("--epsilon", required=True, help="charged to the dataset when accepted")
+    p.add_argument(
+        "--delta", help="default: 1/n, n the labelled examples the features cover"
+    )  # fmt: skip
+    p.add_argument(
+        "--denoiser", choices=["noop", "self-span", "self-conv", "alt-conv"],
+        help="default: alt-conv (LabelDP-Pro); noop is plain DP-SGD",
+    )  # fmt: skip
+    p.add_argument(
+        "--architecture", choices=["cnn", "mlp"],
+        help="default: cnn (images: C·H·W numeric columns, 784 for 1,28,28); "
+        "mlp for tabular features",
+    )  # fmt: skip
     p.add_argument("--image-shape", help="C,H,W for the cnn (default 1,28,28)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int, dest="expected_batch_size")
-    p.add_argument("--spec", help="more spec fields: a JSON object")
-    p.add_argument("--idempotency-key")
+    p.add_argument("--epochs", type=int, help="default: 5")
+    p.add_argument(
+        "--batch-size", type=int, dest="expected_batch_size",
+        help="expected Poisson batch size (default: min(1024, n))",
+    )  # fmt: skip
+    p.add_argument(
+        "--spec",
+        help='more spec fields, a JSON object, e.g. \'{"hidden": [16], "smoothing": 1}\' '
+        "(docs/walkthrough-labels-party.md lists them)",
+    )
+    p.add_argument("--idempotency-key", help="a retry with the same key spends once")
     p.add_argument("--watch", action="store_true", help="follow it until it ends")
     p.set_defaults(handler=_training_create)
+    p = add("list", "print a dataset's trainings (yours, or all for the admin) as JSON")
+    p.add_argument("--dataset", required=True)
+    p.set_defaults(handler=_training_list)
+    p = add("cancel", "cancel a queued or running training; its (ε, δ) stays spent")
+    p.add_argument("training")
+    p.set_defaults(handler=_training_cancel)
     for name, help_ in (("get", "print a training as JSON"), ("watch", "follow until it ends")):
         p = add(name, help_)
         p.add_argument("training")
@@ -429,6 +482,14 @@ def _training_get(args: argparse.Namespace) -> int:
     return _print(_request(args, "GET", f"/v1/trainings/{args.training}"))
 
 
+def _training_list(args: argparse.Namespace) -> int:
+    return _print(_request(args, "GET", f"/v1/datasets/{args.dataset}/trainings"))
+
+
+def _training_cancel(args: argparse.Namespace) -> int:
+    return _print(_request(args, "DELETE", f"/v1/trainings/{args.training}"))
+
+
 def training_line(training: dict[str, Any], width: int = 30) -> str:
     """``[#####-----]  40.0%  epoch 1/2 step 4/10 ETA 0:03  running``."""
     p = training.get("progress") or {}
@@ -450,7 +511,7 @@ def training_line(training: dict[str, Any], width: int = 30) -> str:
 def _training_watch(args: argparse.Namespace) -> int:
     import time
 
-    last = ""
+    last, started, hinted = "", time.monotonic(), False
     while True:
         training = _request(args, "GET", f"/v1/trainings/{args.training}").json()
         line = training_line(training)
@@ -459,6 +520,10 @@ def _training_watch(args: argparse.Namespace) -> int:
             last = line
         if training["status"] in FINAL:
             break
+        waited = time.monotonic() - started
+        if training["status"] == "queued" and not hinted and waited >= QUEUED_HINT_SECONDS:
+            print(QUEUED_HINT, file=sys.stderr, flush=True)
+            hinted = True
         time.sleep(args.interval)
     if training["status"] == "succeeded":
         accounting = training.get("accounting") or {}
@@ -478,6 +543,6 @@ def _training_download(args: argparse.Namespace) -> int:
     sha = hashlib.sha256(response.content).hexdigest()
     if sha != response.headers.get("X-Content-SHA256"):
         raise CommandError("the downloaded model does not match its SHA-256")
-    args.output.write_bytes(response.content)
+    _write_output(args.output, response.content)
     print(f"wrote {len(response.content)} bytes to {args.output} (sha256 {sha})")
     return 0

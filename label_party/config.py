@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     worker_poll_seconds: float = Field(default=1.0, gt=0)
     worker_lease_seconds: float = Field(default=60.0, gt=0)
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    #: Largest model a training may ask for (422 above, before any budget is
+    #: spent): a physical batch's per-example gradients take 4 KiB a parameter.
+    training_max_parameters: int = Field(default=1_000_000, gt=0)
     #: Test-only: releases draw from a generator seeded with this and the release id.
     test_seed: int | None = None
     #: Test-only: SIGKILL the server at this point of a release.

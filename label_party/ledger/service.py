@@ -124,7 +124,8 @@ def reserve(
         logger.info(
             f"{what} refused: budget exceeded", extra={"fields": {"dataset_id": dataset.id}}
         )
-        raise BudgetExceededError(_refusal(what, cost, eps_left, delta_left), detail)
+        message = _refusal(what, cost, eps_left, delta_left, dataset.delta_budget)
+        raise BudgetExceededError(message, detail)
     entry = LedgerEntry(
         id=str(uuid.uuid4()),
         dataset_id=dataset.id,
@@ -137,14 +138,24 @@ def reserve(
     return entry
 
 
-def _refusal(what: str, cost: Cost, eps_left: int, delta_left: int) -> str:
-    message = (
-        f"the {what} needs ε = {epsilon_decimal(cost.epsilon)} but only "
-        f"ε = {epsilon_decimal(max(eps_left, 0))} remains on its scope"
-    )
-    if cost.delta > max(delta_left, 0):
+def _refusal(what: str, cost: Cost, eps_left: int, delta_left: int, delta_budget: int) -> str:
+    """Names what is short — ε, δ or both — and a dataset without a δ budget
+    (positional notation: ``10``, not the normalized Decimal's ``1E+1``)."""
+    eps_left, delta_left = max(eps_left, 0), max(delta_left, 0)
+    short = []
+    if cost.epsilon > eps_left:
+        short.append(
+            f"ε = {epsilon_decimal(cost.epsilon):f} but only "
+            f"ε = {epsilon_decimal(eps_left):f} remains"
+        )
+    if cost.delta > delta_left:
+        short.append(
+            f"δ = {delta_decimal(cost.delta):f} but only δ = {delta_decimal(delta_left):f} remains"
+        )
+    message = f"the {what} needs {' and '.join(short)} on its scope"
+    if cost.delta > delta_left and delta_budget == 0:
         message += (
-            f" (δ = {delta_decimal(cost.delta)} needed, "
-            f"δ = {delta_decimal(max(delta_left, 0))} remains)"
+            "; the dataset has no δ budget (delta_budget 0): approximate-DP trainings need "
+            "a dataset created with a delta_budget"
         )
     return message

@@ -180,10 +180,37 @@ def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, 
         raise InvalidRequestError(
             f"expected_batch_size must not exceed the {n} labelled examples the features cover"
         )
+    if spec.denoiser == "alt-conv" and spec.alt_batch_size > n:
+        # ALTCONV draws its n₂ projection examples from the same n.
+        raise InvalidRequestError(
+            f"alt_batch_size must not exceed the {n} labelled examples the features cover"
+        )
     delta = delta_units(spec.delta) if spec.delta is not None else DELTA_SCALE // n
     data = spec.model_dump(mode="json", exclude={"idempotency_key"})
     data.update(expected_batch_size=batch, delta=float(delta_decimal(delta)))
+    # Imported here like the plan's accountant: it loads torch, which the service
+    # otherwise never needs.
+    from label_party.trainings.training import library_defaults
+
+    for key, value in library_defaults(spec.denoiser).items():
+        if data[key] is None:
+            data[key] = value
     return data, delta
+
+
+def _check_model_size(settings: Settings, resolved: dict[str, Any], num_features: int) -> None:
+    """422 for a model the worker could not hold: per-example gradients take
+    4 bytes a parameter for each example of a physical batch (up to 1,024)."""
+    from label_party.trainings.training import parameter_count
+
+    count = parameter_count(resolved, num_features, int(resolved["num_classes"]))
+    limit = settings.training_max_parameters
+    if count > limit:
+        raise InvalidRequestError(
+            f"the {resolved['architecture']} has {count:,} parameters; this labels party "
+            f"trains models of at most {limit:,} (LABELDP_TRAINING_MAX_PARAMETERS)",
+            {"parameters": count, "limit": limit},
+        )
 
 
 def _plan(resolved: dict[str, Any], n: int) -> dict[str, Any]:
@@ -248,6 +275,7 @@ def _draft(
         raise InvalidRequestError("no feature row matches a labelled example_id")
     resolved, delta = _resolved(spec, n, table.num_columns - 1)
     resolved["num_classes"] = domain.size
+    _check_model_size(settings, resolved, table.num_columns - 1)
     # Before anything is reserved: a spec the worker could not calibrate is
     # refused here, not discovered after its budget was spent.
     resolved["plan"] = _plan(resolved, n)

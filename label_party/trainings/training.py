@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from label_party.labeldp_pro.denoisers import CONVEX_HULL_DENOISERS
 from label_party.labeldp_pro.dpsgd import (
     Checkpoint,
     Checkpointing,
@@ -56,6 +57,27 @@ def build(spec: dict[str, Any], num_features: int, num_classes: int) -> ImageCNN
         num_numeric=num_features, hidden=tuple(spec["hidden"]), outputs=num_classes
     )
     return TabularMLP(config)
+
+
+def library_defaults(denoiser: str) -> dict[str, Any]:
+    """What :class:`LabelDPProConfig` uses for the spec keys the schema leaves
+    ``None``, for those the denoiser reads (``noop`` projects nothing; only the
+    convex hulls have a projection method and §3.3's smoothing). The service
+    stores them in the resolved spec, so the training and its artifact say what ran."""
+    if denoiser == "noop":
+        return {}
+    keys = ["projection_steps", "projection_backend"]
+    if denoiser in CONVEX_HULL_DENOISERS:
+        keys += ["projection_method", "smoothing"]
+    defaults = {f.name: f.default for f in fields(LabelDPProConfig)}
+    return {key: defaults[key] for key in keys}
+
+
+def parameter_count(spec: dict[str, Any], num_features: int, num_classes: int) -> int:
+    """How many parameters the spec's model has, counted without allocating them."""
+    with torch.device("meta"):
+        model = build(spec, num_features, num_classes)
+    return sum(p.numel() for p in model.parameters())
 
 
 def config_for(spec: dict[str, Any], num_classes: int, device: str) -> LabelDPProConfig:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from label_party import cli as label_cli
 from labeldp.cli import main
 from tests.label_party.conftest import ADMIN_TOKEN, Server
 from tests.label_party.helpers import parquet_bytes
@@ -44,6 +46,9 @@ def test_operator_commands(
     out = tmp_path / "noisy.parquet"
     run("download", manifest["id"], "--output", str(out))
     assert out.stat().st_size > 0
+    nowhere = str(tmp_path / "missing" / "noisy.parquet")
+    assert main(["label-party", "download", manifest["id"], "--output", nowhere, *common]) == 2
+    assert "cannot write --output" in capsys.readouterr().err
     assert run("budget", ds)["epsilon_remaining"] == 0.6
     assert run("verify-audit")["ok"] is True
     assert (
@@ -51,6 +56,50 @@ def test_operator_commands(
         == 2
     )
     assert "budget_exceeded" in capsys.readouterr().err
+
+
+def test_training_commands(
+    server: Server,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """create, list, watch and cancel; no worker runs, so trainings stay queued."""
+    common = ["--url", server.url, "--token", ADMIN_TOKEN]
+
+    def run(*argv: str) -> Any:
+        assert main(["label-party", *argv, *common]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    ds = run("create-dataset", "--name", "pro", "--task", "classification",
+             "--domain", '{"num_classes": 2}', "--epsilon-budget", "5",
+             "--delta-budget", "0.1")  # fmt: skip
+    assert ds["delta_budget"] == 0.1
+    ids = [f"e{i}" for i in range(20)]
+    labels, features = tmp_path / "labels.parquet", tmp_path / "features.parquet"
+    labels.write_bytes(parquet_bytes({"example_id": ids, "label": [i % 2 for i in range(20)]}))
+    features.write_bytes(parquet_bytes({"example_id": ids, "x": [float(i) for i in range(20)]}))
+    run("upload", ds["id"], str(labels))
+    create = ("trainings", "create", "--dataset", ds["id"], "--features", str(features),
+              "--epsilon", "1", "--architecture", "mlp", "--denoiser", "noop")  # fmt: skip
+    first, second = run(*create), run(*create)
+    listed = run("trainings", "list", "--dataset", ds["id"])
+    assert {t["id"] for t in listed} == {first["id"], second["id"]}
+    cancelled = run("trainings", "cancel", second["id"])
+    assert cancelled["status"] == "cancelled"
+
+    # watch says once that nobody picks the training up, and ends when it does.
+    monkeypatch.setattr(label_cli, "QUEUED_HINT_SECONDS", 0.0)
+    timer = threading.Timer(1.0, lambda: server.client().delete(f"/v1/trainings/{first['id']}"))
+    timer.start()
+    try:
+        code = main(["label-party", "trainings", "watch", first["id"], "--interval", "0.05",
+                     *common])  # fmt: skip
+    finally:
+        timer.join()
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("labeldp label-party worker") == 1 and "cancelled" in err
+    assert run("budget", ds["id"])["epsilon_spent"] == 2
 
 
 def test_serve_refuses_to_start_without_a_real_admin_token(

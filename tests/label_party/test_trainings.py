@@ -20,6 +20,7 @@ import torch
 
 from label_party.config import Settings
 from label_party.db import connect, transaction
+from label_party.labeldp_pro import LabelDPProConfig
 from label_party.models import Training
 from label_party.storage import TRAININGS_GRACE_SECONDS
 from label_party.trainings.worker import Worker
@@ -129,6 +130,11 @@ def test_cnn_training_charges_ledger_and_releases_a_model(server: Server, grante
     assert training["status"] == "queued" and training["num_examples"] == len(ids)
     assert training["spec"]["denoiser"] == "alt-conv"
     assert training["spec"]["projection_backend"] == "dense"
+    # What was left out is filled in with what the trainer uses (recorded in
+    # the artifact too, below).
+    defaults = LabelDPProConfig(epsilon=1, delta=0.1, num_classes=2)
+    assert training["spec"]["smoothing"] == defaults.smoothing == 0.75
+    assert training["spec"]["projection_method"] == defaults.projection_method
 
     budget = admin.get(f"/v1/datasets/{dataset_id}/budget").json()
     assert budget["epsilon_spent"] == 4 and budget["delta_spent"] == pytest.approx(1e-5)
@@ -152,6 +158,7 @@ def test_cnn_training_charges_ledger_and_releases_a_model(server: Server, grante
     assert blob["format"] == "labeldp-model/1" and blob["num_classes"] == NUM_CLASSES
     assert blob["model"]["architecture"] == "cnn" and blob["accounting"] == accounting
     assert blob["preprocessing"]["numeric"][:2] == ["p0", "p1"]
+    assert blob["training"]["smoothing"] == 0.75
     net = build_model(model_config_from_dict(blob["model"]))
     net.load_state_dict(blob["state_dict"])
     assert net(torch.zeros(5, 28 * 28)).shape == (5, NUM_CLASSES)
@@ -193,6 +200,9 @@ def test_mlp_training_default_delta_is_one_over_n(server: Server, granted: Any) 
                epochs=1)  # fmt: skip
     assert r.status_code == 201, r.text
     assert r.json()["num_examples"] == 150 and r.json()["delta"] == pytest.approx(1 / 150)
+    # noop projects nothing, so no projection setting is filled in for it.
+    spec = r.json()["spec"]
+    assert spec["smoothing"] is None and spec["projection_steps"] is None
     # The noise plan is computed and shown when the training is accepted ...
     plan = r.json()["spec"]["plan"]
     assert plan["sampling_rate"] == pytest.approx(50 / 150) and plan["steps"] == 3
@@ -211,10 +221,16 @@ def test_budget_exceeded_spends_nothing(server: Server, granted: Any) -> None:
     admin, client, dataset_id, ids, labels = granted
     before = admin.get(f"/v1/datasets/{dataset_id}/budget").json()
     features = tabular(ids, labels)
-    for spec in ({"epsilon": 11}, {"epsilon": 1, "delta": 0.05}):
+    short_of = {
+        "ε = 11 but only ε = 10 remains": {"epsilon": 11},
+        "δ = 0.05 but only δ = 0.01 remains": {"epsilon": 1, "delta": 0.05},
+    }
+    for says, spec in short_of.items():
         r = submit(client, dataset_id, features, architecture="mlp", **spec)
         assert r.status_code == 409, r.text
         assert r.json()["error"] == "budget_exceeded"
+        # The message names what is short, and only that.
+        assert says in r.json()["message"] and r.json()["message"].count("remains") == 1
         detail = r.json()["detail"]
         assert detail["requested_epsilon"] == spec["epsilon"] and detail["remaining_epsilon"] == 10
         assert detail["remaining_delta"] == pytest.approx(0.01)
@@ -223,6 +239,19 @@ def test_budget_exceeded_spends_nothing(server: Server, granted: Any) -> None:
     actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]
     assert actions.count("training.refused") == 2 and "training.reserved" not in actions
     assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_a_dataset_without_a_delta_budget_says_so(server: Server) -> None:
+    admin = server.client()
+    dataset_id, ids, labels = make_dataset(admin, delta_budget=0)
+    client_id, token = create_client(admin)
+    assert admin.post(f"/v1/datasets/{dataset_id}/grants", json={"client_id": client_id}).is_success
+    r = submit(server.client(token), dataset_id, tabular(ids, labels), architecture="mlp",
+               epsilon=1)  # fmt: skip
+    assert r.status_code == 409, r.text
+    message = r.json()["message"]
+    assert "δ = 0.005 but only δ = 0 remains" in message and "ε = 1" not in message
+    assert "no δ budget" in message
 
 
 def test_idempotent_replay_spends_once(server: Server, granted: Any) -> None:
@@ -297,6 +326,13 @@ def test_refusals_before_any_spend(server: Server, granted: Any, tmp_path: Path)
         (tabular(ids, labels), {"architecture": "mlp", "expected_batch_size": 999}, "exceed"),
         (tabular(["zz"], labels[:1]), {"architecture": "mlp"}, "no feature row"),
         (tabular(ids, labels), {"architecture": "mlp", "bogus": 1}, "invalid training spec"),
+        (tabular(ids, labels), {"architecture": "mlp", "alt_batch_size": 201}, "alt_batch_size"),
+        # 2·10¹⁰ parameters: refused before the charge, not failed after it.
+        (
+            tabular(ids, labels),
+            {"architecture": "mlp", "hidden": [10**5] * 3},
+            "LABELDP_TRAINING_MAX_PARAMETERS",
+        ),
     ]
     for features, spec, message in cases:
         r = submit(client, dataset_id, features, epsilon=1, **spec)
