@@ -41,7 +41,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     worker.add_argument("--id", dest="worker_id", help="worker id (default host:pid:random)")
     worker.set_defaults(handler=run_worker)
 
-    jobs = sub.add_parser("jobs", help="inspect training jobs")
+    jobs = sub.add_parser(
+        "jobs",
+        help="inspect training jobs",
+        description="Inspect training jobs; authenticates with the features party's admin "
+        "token, LABELDP_ADMIN_TOKEN.",
+    )
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     for name, help_ in (
         ("get", "print a job as JSON"),
@@ -69,7 +74,8 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="import a LabelDP-Pro model trained by the labels party",
         description="Downloads the model of a succeeded labels-party training, checks its "
         "SHA-256 and registers it for prediction. The labels-party client token comes "
-        "from LABELDP_LABELS_PARTY_TOKEN, never from the command line.",
+        "from LABELDP_LABELS_PARTY_TOKEN, never from the command line; the command "
+        "authenticates to the features party with its admin token, LABELDP_ADMIN_TOKEN.",
     )
     imp.add_argument("--labels-party-url", required=True)
     imp.add_argument("--training", required=True, help="training id at the labels party")
@@ -101,7 +107,8 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="LP-MST: multi-stage training with RRWithPrior across both parties",
         description="Runs rr-with-prior-lp-mst.txt Algorithm 3 through the features-party "
         "service (which needs a worker). The labels-party client token comes from "
-        "LABELDP_LABELS_PARTY_TOKEN, never from the command line.",
+        "LABELDP_LABELS_PARTY_TOKEN, never from the command line; the command "
+        "authenticates to the features party with its admin token, LABELDP_ADMIN_TOKEN.",
     )
     ms_sub = ms.add_subparsers(dest="multistage_command", required=True, metavar="ACTION")
     start = ms_sub.add_parser("start", help="start a run and follow it until it ends")
@@ -137,9 +144,12 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _token() -> str:
-    settings = get_settings()
+    """The features party's admin token, which its client commands present."""
     try:
-        return settings.require_admin_token()
+        return get_settings().require_admin_token(
+            "this command authenticates to the features party with its admin token; set "
+            "LABELDP_ADMIN_TOKEN to the token the features-party service runs with"
+        )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
 

@@ -52,11 +52,13 @@ class Settings(BaseSettings):
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'feature-party.db').resolve()}"
 
-    def require_admin_token(self) -> str:
+    def require_admin_token(
+        self, why: str = "the service refuses to run without a real secret"
+    ) -> str:
         token = self.admin_token.get_secret_value() if self.admin_token else None
         problem = admin_token_problem(token)
         if problem or token is None:
-            raise ValueError(f"{problem}: the service refuses to run without a real secret")
+            raise ValueError(f"{problem}: {why}")
         return token
 
 

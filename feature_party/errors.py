@@ -5,12 +5,16 @@
     ├── NotFoundError            404 not_found
     ├── ConflictError            409 conflict (budget_exceeded from the labels party)
     ├── PayloadTooLargeError     413 payload_too_large
-    ├── InvalidInputError        422 invalid_input / bad_file / no_join
+    ├── InvalidInputError        422 invalid_input / bad_file / no_join /
+    │                                release_dataset_mismatch
+    ├── LabelsPartyRefusedError  4xx labels_party_refused (the labels party's 4xx)
     └── UpstreamError            502 labels_party_unavailable / labels_party_error /
                                      release_integrity_error
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from shared.errors import ServiceError
 
@@ -42,6 +46,19 @@ class InvalidInputError(FeaturePartyError):
 class UpstreamError(FeaturePartyError):
     status_code = 502
     code = "labels_party_error"
+
+
+class LabelsPartyRefusedError(FeaturePartyError):
+    """The labels party refused what the request asked of it (an unknown release,
+    an invalid mechanism, a token it does not know): the caller's to fix, so a 4xx
+    here too. Its status is the labels party's, except that its 401 — the
+    forwarded token — is 403 here, not to be read as this service's own 401."""
+
+    code = "labels_party_refused"
+
+    def __init__(self, message: str, status: int, detail: Any = None) -> None:
+        super().__init__(message, detail)
+        self.status_code = 403 if status == 401 else status
 
 
 def not_found(kind: str, id_: str) -> NotFoundError:

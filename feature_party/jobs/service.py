@@ -44,8 +44,15 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
         ModelRepository(session).get(config.init_model_id)  # 404 for an unknown model
     if config.task == "classification":
         mechanism = labels.manifest.get("mechanism", {})
-        if not (config.num_classes or mechanism.get("outputs") or mechanism.get("inputs")):
+        classes = mechanism.get("outputs") or mechanism.get("inputs")
+        if not (config.num_classes or classes):
             raise InvalidInputError("classification needs num_classes (the release does not say)")
+        if config.num_classes and classes and len(classes) > config.num_classes:
+            # The worker would refuse the labels only after the job was queued.
+            raise InvalidInputError(
+                f"num_classes {config.num_classes} is below the release's {len(classes)} classes",
+                detail={"num_classes": config.num_classes, "release_classes": len(classes)},
+            )
     job = JobRepository(session).add(
         Job(
             id=uuid.uuid4().hex,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from pydantic import ValidationError
@@ -46,11 +46,17 @@ def _predict_upload(
 
 
 @router.post("/import", response_model=ModelRead, status_code=201)
-def import_model(session: SessionDep, settings: SettingsDep, body: ModelImport) -> ModelRead:
+def import_model(
+    session: SessionDep, settings: SettingsDep, body: ModelImport, response: Response
+) -> ModelRead:
     """Import a model the labels party trained with LabelDP-Pro
     (``GET /v1/trainings/{id}/model`` there): its SHA-256 is checked against the
-    training's, and it predicts like any model here (``POST /v1/models/{id}/predict``)."""
-    return service.import_training(session, settings, body)
+    training's, and it predicts like any model here (``POST /v1/models/{id}/predict``).
+    Importing the same training again returns the model it registered, with 200."""
+    model, created = service.import_training(session, settings, body)
+    if not created:
+        response.status_code = 200
+    return model
 
 
 @router.get("/{model_id}", response_model=ModelRead)

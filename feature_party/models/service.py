@@ -40,11 +40,14 @@ def to_read(row: Model) -> ModelRead:
     )
 
 
-def import_training(session: Session, settings: Settings, body: ModelImport) -> ModelRead:
+def import_training(
+    session: Session, settings: Settings, body: ModelImport
+) -> tuple[ModelRead, bool]:
     """Download a labels-party LabelDP-Pro model, check its SHA-256 and that it
     loads, and register it: it then predicts like a model trained here. The model
     is the labels party's release; everything done with it here is
-    post-processing and costs no budget."""
+    post-processing and costs no budget. Importing the same artifact again
+    returns the model registered the first time (and ``False``: nothing new)."""
     client = make_client(settings, body.labels_party_url, body.token.get_secret_value())
     with client:
         try:
@@ -56,13 +59,16 @@ def import_training(session: Session, settings: Settings, body: ModelImport) -> 
                     code="training_not_ready",
                 )
             sha = str(training["sha256"]).lower()
+            known = ModelRepository(session).imported(str(training["id"]), training["sha256"])
+            if known is not None:
+                return to_read(known), False
             relative = Path("models") / "imported" / f"{sha}.pt"
             client.download_model(
                 body.training_id, settings.data_dir / relative, expected_sha256=sha
             )
         except UPSTREAM_ERRORS as exc:
             raise upstream_error(exc) from None
-    return _register(session, settings, relative, training)
+    return _register(session, settings, relative, training), True
 
 
 def _register(

@@ -24,7 +24,12 @@ from feature_party.client import (
     ReleaseIntegrityError,
 )
 from feature_party.config import Settings
-from feature_party.errors import ConflictError, InvalidInputError, UpstreamError
+from feature_party.errors import (
+    ConflictError,
+    InvalidInputError,
+    LabelsPartyRefusedError,
+    UpstreamError,
+)
 from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.orm import ReceivedLabels
 from feature_party.received_labels.repository import ReceivedLabelsRepository
@@ -47,11 +52,16 @@ def make_client(settings: Settings, url: str, token: str) -> LabelsPartyClient:
 UPSTREAM_ERRORS = (LabelsPartyUnavailableError, ReleaseIntegrityError, LabelsPartyHTTPError)
 
 
+#: The labels party's statuses that refuse the request's content, not a failure.
+REFUSALS = frozenset({400, 401, 403, 404, 409, 413, 422})
+
+
 def upstream_error(
     exc: LabelsPartyUnavailableError | ReleaseIntegrityError | LabelsPartyHTTPError,
-) -> ConflictError | UpstreamError:
+) -> ConflictError | LabelsPartyRefusedError | UpstreamError:
     """The labels party's failure as this service's answer: 409 for its
-    ``budget_exceeded``, 502 otherwise (its status and body in ``detail``)."""
+    ``budget_exceeded``, its own 4xx for a refusal of what was asked
+    (``labels_party_refused``), 502 otherwise (its status and body in ``detail``)."""
     if isinstance(exc, BudgetExceededError):
         return ConflictError(exc.message, code="budget_exceeded", detail=exc.detail)
     if isinstance(exc, LabelsPartyUnavailableError):
@@ -60,10 +70,12 @@ def upstream_error(
         )
     if isinstance(exc, ReleaseIntegrityError):
         return UpstreamError(str(exc), code="release_integrity_error")
-    return UpstreamError(
-        f"the labels party refused: {exc.message}",
-        detail={"status": exc.status_code, "error": exc.error, "detail": exc.detail},
-    )
+    detail = {"status": exc.status_code, "error": exc.error, "detail": exc.detail}
+    if exc.status_code in REFUSALS:
+        return LabelsPartyRefusedError(
+            f"the labels party refused: {exc.message}", exc.status_code, detail
+        )
+    return UpstreamError(f"the labels party failed: {exc.message}", detail=detail)
 
 
 def _integrity(message: str, release_id: str) -> UpstreamError:
@@ -77,10 +89,11 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
         assert request.release_id is not None
         manifest = client.get_release(request.release_id)
     if manifest.dataset_id != request.dataset_id:
-        raise _integrity(
+        raise InvalidInputError(
             f"release {manifest.id} belongs to dataset {manifest.dataset_id}, "
             f"not {request.dataset_id}",
-            manifest.id,
+            code="release_dataset_mismatch",
+            detail={"release_id": manifest.id},
         )
     client.download_labels(manifest.id, tmp, expected_sha256=manifest.sha256)
     return manifest
@@ -112,8 +125,14 @@ def receive(
             raise _integrity("the release repeats example_ids", manifest.id)
         matched, unmatched = count_join(settings.data_dir / feature_set.path, labels)
         if matched == 0:
+            spent = (
+                f"; release {manifest.id} was made and its ε spent: fetch it again at no "
+                "cost with its release_id and a feature set that covers its example_ids"
+                if request.release is not None
+                else ""
+            )
             raise InvalidInputError(
-                "no received label joins the feature set on example_id",
+                f"no received label joins the feature set on example_id{spent}",
                 code="no_join",
                 detail={
                     "release_id": manifest.id,

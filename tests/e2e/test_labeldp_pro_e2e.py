@@ -107,6 +107,13 @@ def test_labeldp_pro_from_the_cli_to_a_prediction(
     )  # fmt: skip
     assert imported["source"] == "labels-party-training" and imported["job_id"] is None
     assert imported["metrics"]["sha256"] == training["sha256"]
+    # Importing it again registers nothing new.
+    again = services.features.post(
+        "/v1/models/import",
+        json={"labels_party_url": services.labels_url, "token": client["token"],
+              "training_id": training_id},
+    )  # fmt: skip
+    assert again.status_code == 200 and again.json()["id"] == imported["id"]
 
     rows = [{"example_id": f"q{c}", **{f"x{j}": 2.0 * c for j in range(4)}} for c in range(K)]
     predictions = ok(

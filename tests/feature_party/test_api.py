@@ -250,6 +250,11 @@ def test_labels_that_do_not_join_are_422(
     assert body["error"] == "no_join"
     assert body["detail"]["matched"] == 0 and body["detail"]["unmatched"] == 40
     assert body["detail"]["num_features"] == 100
+    # A new release was spent on it: the message says so, and how to reuse it.
+    release_id = body["detail"]["release_id"]
+    assert "ε spent" in body["message"] and release_id in body["message"]
+    again = receive(client, labels_party, fs["id"], release=None, release_id=release_id)
+    assert again.json()["error"] == "no_join" and "ε spent" not in again.json()["message"]
 
 
 def test_job_on_labels_of_another_feature_set_that_does_not_join(
@@ -303,6 +308,42 @@ def test_hash_mismatch_is_refused(
     # The release exists (it was spent); fetching it again by id is refused too.
     r = receive(client, labels_party, fs["id"], release=None, release_id="rel-1")
     assert r.status_code == 502
+
+
+def test_num_classes_below_the_release_s_classes_is_422(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    data = synthetic(40)
+    ids = data.features.column("example_id").to_pylist()
+    labels_party.set_labels(ids, [float(i % 3) for i in range(len(ids))])
+    labels_party.mechanism = {"name": "rr", "params": {}, "outputs": [0, 1, 2]}
+    fs = upload(client, data.features)
+    received = receive(client, labels_party, fs["id"]).json()
+    job = {"feature_set_id": fs["id"], "labels_id": received["id"],
+           "task": "classification", "loss": "cross-entropy"}  # fmt: skip
+    r = client.post("/v1/jobs", headers=AUTH, json={**job, "num_classes": 2})
+    assert r.status_code == 422 and "below the release's 3 classes" in r.json()["message"]
+    r = client.post("/v1/jobs", headers=AUTH, json={**job, "num_classes": 3})
+    assert r.status_code == 202, r.text
+
+
+def test_what_the_labels_party_refuses_is_a_4xx(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    fs = upload(client, synthetic(20).features)
+    # The caller's mistakes, not the labels party failing: an unknown release, an
+    # unknown dataset, a token it does not know (403 here: the forwarded token).
+    cases = [
+        ({"release": None, "release_id": "nope"}, 404),
+        ({"dataset_id": "nope"}, 404),
+        ({"token": "unknown-token-123456"}, 403),
+    ]
+    for extra, status in cases:
+        r = receive(client, labels_party, fs["id"], **extra)
+        assert r.status_code == status, r.text
+        assert r.json()["error"] == "labels_party_refused"
+        assert r.json()["detail"]["status"] in (status, 401)
+    assert not (settings.data_dir / "received").exists()
 
 
 def test_budget_exceeded_is_409(client: httpx.Client, labels_party: FakeLabelsParty) -> None:

@@ -57,3 +57,17 @@ def test_progress_line() -> None:
     assert line.startswith("[#######-------------]  37.5%")
     assert "epoch 2/4 step 5/10" in line and "loss 0.25" in line and "ETA 1:15" in line
     assert "100.0%" in progress_line({"status": "succeeded", "progress": None})
+
+
+def test_a_client_command_without_the_admin_token_says_which_token() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LABELDP_ADMIN_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "-m", "labeldp", "feature-party", "jobs", "get", "some-job"],
+        env={**env, "LABELDP_MODE": "production"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "LABELDP_ADMIN_TOKEN is not set" in done.stderr
+    assert "authenticates to the features party" in done.stderr
