@@ -60,13 +60,21 @@ def attach_token_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _shown(exc: Exception) -> str:
+    """The error's message, except pyarrow's: a parse error quotes the offending
+    cell, which may be a label (DESIGN.md §3.1). Readers name their file instead."""
+    if type(exc).__module__.startswith("pyarrow"):
+        return "a file could not be read as a table (its parser's message is withheld)"
+    return str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(attach_token_values(sys.argv[1:] if argv is None else argv))
     try:
         result: int = args.handler(args)
     except (label_cli.CommandError, feature_cli.CommandError, ValueError) as exc:
-        print(f"labeldp: error: {exc}", file=sys.stderr)
+        print(f"labeldp: error: {_shown(exc)}", file=sys.stderr)
         return 2
     except RUNTIME_ERRORS as exc:
         print(f"labeldp: error: {exc}", file=sys.stderr)

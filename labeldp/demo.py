@@ -17,6 +17,7 @@ services given by URL — and plays both sides through the real HTTP APIs:
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -241,8 +242,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.epsilon <= 0:
-        raise DemoError("--epsilon must be > 0")
+    if not (math.isfinite(args.epsilon) and args.epsilon > 0):
+        raise DemoError(f"--epsilon must be a finite number > 0, got {args.epsilon}")
     plan = default_plan(quick=args.quick, epsilon=args.epsilon)
     started = time.perf_counter()
 

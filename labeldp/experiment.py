@@ -405,13 +405,21 @@ def subsample(data: Dataset, max_examples: int, *, seed: int = 0) -> Dataset:
     )
 
 
-def _read_table(path: Path) -> pa.Table:
+def _read_table(path: Path, option: str) -> pa.Table:
+    """The file of ``--labels`` or ``--features``. Arrow's parse errors quote the
+    offending cell, which may be a label (DESIGN.md §3.1), so they are replaced."""
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return pacsv.read_csv(path)
-    if suffix in (".parquet", ".pq"):
-        return pq.read_table(path)
-    raise ValueError(f"{path}: expected a .csv or .parquet file")
+    if suffix not in (".csv", ".parquet", ".pq"):
+        raise ValueError(f"{option} {path}: expected a .csv or .parquet file")
+    try:
+        return pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: {exc.strerror or 'cannot be read'}") from None
+    except pa.ArrowException:
+        raise ValueError(
+            f"{option} {path}: not a readable {suffix.lstrip('.')} table (check the header, "
+            "the separator and that every row has as many fields)"
+        ) from None
 
 
 def parse_domain(text: str) -> dict[str, Any]:
@@ -444,7 +452,8 @@ def load_user_data(
     numeric (nulls filled with 0)."""
     if task != "regression":
         raise ValueError(f"--task {task!r}: experiments support regression only")
-    labels, features = _read_table(labels_path), _read_table(features_path)
+    labels = _read_table(labels_path, "--labels")
+    features = _read_table(features_path, "--features")
     for name, table, needed in (("labels", labels, {"example_id", "label"}),
                                 ("features", features, {"example_id"})):  # fmt: skip
         missing = needed - set(table.column_names)
@@ -460,7 +469,10 @@ def load_user_data(
         raise ValueError(f"{len(unknown)} labelled example_id(s) have no features, "
                          f"e.g. {unknown[0]!r}")  # fmt: skip
     rows = np.array([position[i] for i in label_ids], dtype=np.int64)
-    values = labels.column("label").cast(pa.float64())
+    try:
+        values = labels.column("label").cast(pa.float64())
+    except pa.ArrowException:  # its message quotes the label: never shown
+        raise ValueError("--labels: every label must be a number") from None
     if values.null_count:
         raise ValueError("--labels: the label column has empty values")
     columns = [c for c in features.column_names if c != "example_id"]

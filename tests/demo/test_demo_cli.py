@@ -45,6 +45,17 @@ def test_half_given_endpoints_are_refused(tmp_path: Path) -> None:
     assert "give all of" in proc.stderr
 
 
+@pytest.mark.parametrize("epsilon", ["nan", "inf", "0"])
+def test_a_bad_epsilon_is_refused_before_anything_starts(tmp_path: Path, epsilon: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "labeldp", "demo", "--epsilon", epsilon, "--output", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "--epsilon must be a finite number > 0" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     proc = subprocess.Popen(

@@ -91,6 +91,20 @@ def test_user_data_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     pq.write_table(pa.table({"example_id": ["a", "q"], "label": [1.0, 2.0]}), stray)
     with pytest.raises(ValueError, match="1 labelled example_id"):
         load_user_data(stray, features, task="regression", domain={"min": 0, "max": 1})
+    # Arrow's messages quote the cell: a label never reaches the error.
+    secret = tmp_path / "secret.csv"
+    secret.write_text("example_id,label\na,1.0\nb,secret-abc\n")
+    with pytest.raises(ValueError, match="every label must be a number") as e:
+        load_user_data(secret, features, task="regression", domain={"min": 0, "max": 1})
+    assert "secret-abc" not in str(e.value)
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("example_id,label\na,1.0,secret-abc\n")
+    with pytest.raises(ValueError, match="not a readable csv") as e:
+        load_user_data(ragged, features, task="regression", domain={"min": 0, "max": 1})
+    assert "secret-abc" not in str(e.value)
+    with pytest.raises(ValueError, match=r"--labels .*nofile\.csv"):
+        load_user_data(tmp_path / "nofile.csv", features, task="regression",
+                       domain={"min": 0, "max": 1})  # fmt: skip
     with pytest.raises(ValueError, match="min must be < max"):
         parse_domain('{"min": 3, "max": 1}')
     assert parse_domain(json.dumps({"min": 0, "max": 3, "step": 1}))["step"] == 1

@@ -1,8 +1,11 @@
-"""The CLI keeps a token that begins with ``-`` a value (``labeldp.cli``)."""
+"""The CLI keeps a token that begins with ``-`` a value, and never prints a
+parser's message that may quote a label (``labeldp.cli``)."""
 
 from __future__ import annotations
 
-from labeldp.cli import attach_token_values, build_parser
+import pyarrow as pa
+
+from labeldp.cli import _shown, attach_token_values, build_parser
 
 
 def test_the_demo_takes_dash_tokens() -> None:
@@ -18,3 +21,9 @@ def test_other_words_pass_unchanged() -> None:
     assert attach_token_values(["--token", "--url", "u"]) == ["--token", "--url", "u"]
     assert attach_token_values(["--token", "--X9"]) == ["--token=--X9"]
     assert attach_token_values(["--token=-a", "-v"]) == ["--token=-a", "-v"]
+
+
+def test_an_arrow_error_is_not_shown_it_may_quote_a_label() -> None:
+    error = pa.ArrowInvalid("Failed to parse string: 'secret-abc' as a scalar of type double")
+    assert "secret-abc" not in _shown(error)
+    assert _shown(ValueError("--domain: min must be < max")) == "--domain: min must be < max"
