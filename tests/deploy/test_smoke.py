@@ -56,7 +56,7 @@ POSTGRES = make_url(
     os.environ.get("LABELDP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
 )
 #: The compose services the smoke test runs, and the database services they use.
-SERVICES = ("label-api", "feature-api", "feature-worker")
+SERVICES = ("label-api", "label-worker", "feature-api", "feature-worker")
 DATABASES = ("label-db", "feature-db")
 #: Seconds: a service to become healthy; the whole demo.
 HEALTHY_TIMEOUT, DEMO_TIMEOUT = 180.0, 900.0
@@ -231,7 +231,7 @@ def test_compose_services_run_the_demo_as_local_processes(
     processes: dict[str, ServiceProcess] = {}
     envs: dict[str, dict[str, str]] = {}
     waves = start_waves(compose)
-    assert waves == [["label-api", "feature-api"], ["feature-worker"]], waves
+    assert waves == [["label-api", "feature-api"], ["label-worker", "feature-worker"]], waves
     for name in [name for wave in waves for name in wave]:
         processes[name], envs[name] = as_local_process(
             name,
@@ -241,8 +241,11 @@ def test_compose_services_run_the_demo_as_local_processes(
             volumes_dir=tmp_path / "volumes",
             logs=logs,
         )
-    # The API and the worker of the features party share the data volume.
-    assert envs["feature-api"]["LABELDP_DATA_DIR"] == envs["feature-worker"]["LABELDP_DATA_DIR"]
+    # The API and the worker of each party share its database and data volume.
+    for party in ("label", "feature"):
+        api, worker = envs[f"{party}-api"], envs[f"{party}-worker"]
+        for key in ("LABELDP_DATA_DIR", "LABELDP_DATABASE_URL", "LABELDP_ADMIN_TOKEN"):
+            assert api[key] == worker[key], (party, key)
 
     def diagnostics() -> str:
         return "\n".join(f"--- {n} log:\n{tail(p.log_path)}" for n, p in processes.items())
