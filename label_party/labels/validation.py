@@ -11,6 +11,7 @@ No Python runs per row: every check is an Arrow or numpy kernel over the column.
 
 from __future__ import annotations
 
+import csv
 import json
 from typing import IO, Literal
 
@@ -84,55 +85,80 @@ def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = CO
         raise
     except (pa.ArrowException, OSError):
         # Parser messages can quote file content, so they are not passed on.
-        rows = _jsonl_bad_rows(source, columns) if fmt == "jsonl" else []
-        if rows:
-            raise InvalidLabelsError(
-                f"{len(rows)} row(s) shown are invalid; nothing was stored",
-                {"bad_rows": None, "rows": rows},
-            ) from None
+        if fmt == "jsonl":
+            return _jsonl_as_text(source, columns)
+        header = _csv_header(source) if fmt == "csv" else []
+        if header:  # an empty file has no header to name
+            _require_columns(header, columns)
         raise InvalidLabelsError(
             f"the file could not be read as {fmt} with columns {', '.join(columns)}", []
         ) from None
     return table
 
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    return "string" if isinstance(value, str) else "object"
+def _csv_header(source: IO[bytes]) -> list[str]:
+    """The CSV's column names, read on the error path to name a missing column."""
+    source.seek(0)
+    line = source.readline().decode("utf-8-sig", errors="replace")
+    return next(csv.reader([line]), [])
 
 
-def _jsonl_bad_rows(source: IO[bytes], columns: tuple[str, ...]) -> list[dict[str, object]]:
-    """Rows (lines) Arrow's typed JSON reader rejected: not a JSON object, or a
-    column whose JSON type differs from its first row's.
+def _text(value: object) -> str | None:
+    """A JSON scalar as CSV would read it: strings as they are, the rest as JSON text."""
+    return value if value is None or isinstance(value, str) else json.dumps(value)
 
-    Runs only on the error path, streaming line by line; stops at ``MAX_REPORTED``.
+
+def _jsonl_as_text(source: IO[bytes], columns: tuple[str, ...]) -> pa.Table:
+    """Re-read JSON lines that Arrow's typed reader refused (runs only on that path).
+
+    Arrow types a column from its first rows, so ids ``1`` and ``"a"`` in one file,
+    or a label ``"x"`` among numbers, fail the whole file. Here scalars are kept as
+    text, as CSV reads them, so that :func:`validate` gives each row its own reason.
+    A line that is not an object, or a list/object value where the column's first
+    value was a scalar (or the reverse), is reported here by row.
     """
     source.seek(0)
-    expected: dict[str, str] = {}
+    values: dict[str, list[object]] = {c: [] for c in columns}
+    nested: dict[str, bool] = {}
+    seen: set[str] = set()
     rows: list[dict[str, object]] = []
-    for number, line in enumerate(source, start=1):
+    record = 0
+    for line in source:
         if not line.strip():
-            continue
+            continue  # Arrow skips blank lines too, so rows stay numbered alike.
+        record += 1
         try:
             obj = json.loads(line)
         except ValueError:
             obj = None
         if not isinstance(obj, dict):
-            rows.append({"row": number, "reason": "not a JSON object"})
-        else:
-            for column in columns:
-                kind = _kind(obj.get(column))
-                if kind != "null" and expected.setdefault(column, kind) != kind:
-                    rows.append({"row": number, "reason": f"{column} is not a {expected[column]}"})
-                    break
-        if len(rows) >= MAX_REPORTED:
-            break
-    return rows
+            rows.append({"row": record, "reason": "not a JSON object"})
+            continue
+        seen.update(obj)
+        for column in columns:
+            value = obj.get(column)
+            is_nested = isinstance(value, list | dict)
+            if value is not None and nested.setdefault(column, is_nested) != is_nested:
+                expected = "a list" if nested[column] else "a string or number"
+                rows.append({"row": record, "reason": f"{column} is not {expected}"})
+                break
+            values[column].append(value)
+    if rows:
+        raise InvalidLabelsError(
+            f"{len(rows)} row(s) are invalid; nothing was stored",
+            {"bad_rows": len(rows), "rows": rows[:MAX_REPORTED]},
+        ) from None
+    _require_columns(list(seen), columns)
+    try:
+        arrays = {
+            c: pa.array(v) if nested.get(c) else pa.array([_text(x) for x in v], pa.string())
+            for c, v in values.items()
+        }
+    except (pa.ArrowException, TypeError, ValueError):
+        raise InvalidLabelsError(
+            f"the file could not be read as jsonl with columns {', '.join(columns)}", []
+        ) from None
+    return pa.table(arrays)
 
 
 def _require_columns(names: list[str], columns: tuple[str, ...]) -> None:
@@ -225,13 +251,7 @@ def validate(
         else:
             mark(reasons, outside, OUT_OF_DOMAIN)
 
-    bad = np.flatnonzero(reasons)
-    if bad.size:
-        rows = [{"row": int(i) + 1, "reason": REASONS[int(reasons[i])]} for i in bad[:MAX_REPORTED]]
-        raise InvalidLabelsError(
-            f"{bad.size} row(s) are invalid; nothing was stored",
-            {"bad_rows": int(bad.size), "rows": rows},
-        )
+    report(reasons, REASONS)
     clean = pa.table({"example_id": ids, "label": pa.array(values, pa.float64())})
     return clean.cast(LABELS_SCHEMA), n
 
