@@ -8,12 +8,13 @@ print one line to stderr and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Sequence
 
 from feature_party import cli as feature_cli
-from feature_party.client import LabelsPartyError
+from feature_party.client import LabelsPartyError, LabelsPartyHTTPError
 from label_party import cli as label_cli
 from labeldp import demo, experiment
 from labeldp.processes import ServiceStartError
@@ -68,6 +69,14 @@ def _shown(exc: Exception) -> str:
     return str(exc)
 
 
+def _with_detail(exc: Exception) -> str:
+    """A refusal with its detail (the rows at fault, by number and reason: the labels
+    party never puts a value there), as ``labeldp label-party`` commands show it."""
+    if isinstance(exc, LabelsPartyHTTPError) and exc.detail:
+        return f"{exc} {json.dumps(exc.detail)}"
+    return str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(attach_token_values(sys.argv[1:] if argv is None else argv))
@@ -77,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"labeldp: error: {_shown(exc)}", file=sys.stderr)
         return 2
     except RUNTIME_ERRORS as exc:
-        print(f"labeldp: error: {exc}", file=sys.stderr)
+        print(f"labeldp: error: {_with_detail(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("labeldp: interrupted", file=sys.stderr)

@@ -554,8 +554,9 @@ def _one_seed(
 ) -> dict[str, Any]:
     data, metric = setup.data, metric_of(setup.data.task)
     train_rows, test_rows = data.split(seed=seed, test_fraction=TEST_FRACTION)
-    feature_set = services.feature_set(data, say=say)
+    # The labels go first: if the labels party refuses them, no features are left behind.
     dataset_id, token = _open_dataset(services, setup, seed, train_rows)
+    feature_set = services.feature_set(data, say=say)
     say(f"seed {seed}: dataset {dataset_id} (ε budget {setup.epsilon:g}), "
         f"{train_rows.size} training labels; {setup.method}")  # fmt: skip
     ctx = SeedContext(services, setup, seed, train_rows, test_rows, dataset_id, token,
@@ -790,6 +791,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number(value: float | str) -> str:
+    return value if isinstance(value, str) else format(value, "g")
+
+
 def human(result: dict[str, Any]) -> str:
     """The result for a terminal: one line per number."""
     metric = result["mechanism_metric"]
@@ -797,11 +802,11 @@ def human(result: dict[str, Any]) -> str:
     mechanism = result["mechanism_mse"]
     mean, std = result["test"][metric], result["test"][f"{metric}_std"]
     return "\n".join([
-        f"{result['dataset']}  {result['method']}  ε = {result['epsilon']}  "
+        f"{result['dataset']}  {result['method']}  ε = {_number(result['epsilon'])} per seed  "
         f"seeds = {result['seeds']}",
         f"  {'mechanism ' + name:<19}{'—' if mechanism is None else format(mechanism, ',.4g')}",
         f"  {'test ' + name:<19}{mean:,.4g} ± {std:,.4g}",
-        f"  ε spent            {result['epsilon_spent']:g}",
+        f"  ε spent, all seeds {result['epsilon_spent']:g}",
         f"  seconds            {result['seconds']:.1f}",
     ])  # fmt: skip
 

@@ -137,3 +137,5 @@ def test_human_output_names_the_metric() -> None:
     lines = human(result).splitlines()
     assert lines[1].split() == ["mechanism", "accuracy", "0.25"]
     assert lines[2].split() == ["test", "accuracy", "0.8", "±", "0.01"]
+    # ε is each seed's budget; what was spent adds over the seeds.
+    assert "ε = 1 per seed" in lines[0] and lines[3].split() == ["ε", "spent,", "all", "seeds", "2"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,24 @@ def test_own_files(
     assert result["dataset"] == "labels" and result["examples"] == len(data)
     assert result["epsilon_spent"] == pytest.approx(2.0)
     assert 0 < result["mechanism_mse"] < np.var(data.labels) * 10
+
+
+def test_refused_labels_show_their_rows_and_leave_no_features(
+    endpoints: Endpoints, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = subsample(load("rand-hie-spend"), 200)
+    pq.write_table(data.labels_table(), tmp_path / "labels.parquet")
+    pq.write_table(data.features_table(), tmp_path / "features.parquet")
+    top = float(np.max(data.labels))
+    domain = {"min": 0.0, "max": top / 2, "clip": False}  # labels above top/2 are refused
+    argv = ["--labels", str(tmp_path / "labels.parquet"),
+            "--features", str(tmp_path / "features.parquet"), "--task", "regression",
+            "--domain", json.dumps(domain), "--method", "laplace", "--epsilon", "1",
+            "--labels-party", endpoints.labels_url, "--labels-token", endpoints.labels_admin_token,
+            "--features-party", endpoints.features_url,
+            "--features-token", endpoints.features_token]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "invalid_labels" in err
+    assert re.search(r'\{"row": \d+, "reason": "label is outside the declared domain"\}', err)
+    assert "feature rows" not in err  # the labels were refused before any feature upload
