@@ -31,7 +31,7 @@ class MultistageCreate(BaseModel):
     of ``dataset_id``. ``token`` (the labels party's client token) is held in the
     service's memory while the run lasts and never stored."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     feature_set_id: str
     labels_party_url: str = Field(pattern=r"^https?://")

@@ -16,7 +16,7 @@ class TrainingConfig(BaseModel):
     (RMSProp, learning rate 1e-3 with cosine decay, batch 8192, embedding dim 8,
     L2 1e-4; Appendix E of ``rr-on-bins-regression.txt``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     task: Literal["regression", "classification"] = "regression"
     loss: LossName = "squared"

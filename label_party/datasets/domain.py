@@ -18,7 +18,7 @@ from label_party.mechanisms.base import FloatArray
 
 
 class RegressionDomain(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: Literal["regression"] = "regression"
     min: float

@@ -25,7 +25,7 @@ def _to_units(amount: Decimal, scale: int, what: str) -> int:
         raise InvalidRequestError(f"{what} has more than {digits} decimal places")
     units = int(scaled)
     if units > MAX_UNITS:
-        raise InvalidRequestError(f"{what} is too large")
+        raise InvalidRequestError(f"{what} is too large: at most {Decimal(MAX_UNITS) / scale:f}")
     return units
 
 

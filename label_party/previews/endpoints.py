@@ -15,7 +15,7 @@ router = APIRouter(tags=["mechanisms"])
 class PreviewRequest(BaseModel):
     """The same inputs as ``labeldp mechanism preview`` (no data, no budget)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mechanism: str
     epsilon: float = Field(gt=0)

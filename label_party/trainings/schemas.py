@@ -30,7 +30,7 @@ class TrainingSpec(BaseModel):
     layers.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     epsilon: PrivacyAmount = Field(gt=0)
     delta: PrivacyAmount | None = Field(default=None, gt=0, lt=1)

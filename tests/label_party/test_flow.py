@@ -210,6 +210,18 @@ def test_upload_limits_and_errors(make_server: object) -> None:
         assert set(r.json()) == {"error", "message", "detail"}
 
 
+def test_non_finite_and_huge_amounts_say_what_is_wrong(server: Server) -> None:
+    admin = server.client()
+    headers = {"content-type": "application/json"}
+    preview = {"mechanism": "rr", "epsilon": float("nan"), "values": [0, 1], "prior": [0.5, 0.5]}
+    r = admin.post("/v1/mechanisms/preview", content=json.dumps(preview), headers=headers)
+    assert r.status_code == 422 and "finite" in json.dumps(r.json()["detail"])
+    body = {"name": "x", "task": "regression", "label_domain": {"min": 0, "max": 1},
+            "epsilon_budget": 1e7}  # fmt: skip
+    r = admin.post("/v1/datasets", json=body)
+    assert r.status_code == 422 and "at most 4611686.018427387904" in r.json()["message"]
+
+
 def test_metrics_read_the_ledger_of_their_own_app(tmp_path: Path) -> None:
     """Two labels parties in one process (as in tests, or an embedding app): each
     /metrics reports its own ledger, also after the other one stopped (a collector

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import shutil
 import time
@@ -327,6 +328,7 @@ def test_refusals_before_any_spend(server: Server, granted: Any, tmp_path: Path)
         (tabular(["zz"], labels[:1]), {"architecture": "mlp"}, "no feature row"),
         (tabular(ids, labels), {"architecture": "mlp", "bogus": 1}, "invalid training spec"),
         (tabular(ids, labels), {"architecture": "mlp", "alt_batch_size": 201}, "alt_batch_size"),
+        (tabular(ids, labels), {"architecture": "mlp", "learning_rate": math.nan}, "finite"),
         # 2·10¹⁰ parameters: refused before the charge, not failed after it.
         (
             tabular(ids, labels),
