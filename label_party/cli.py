@@ -239,13 +239,27 @@ def _register_client_commands(
     p.add_argument("file", type=Path)
     p.set_defaults(handler=_upload)
     p = add("release", "spend ε on a release; prints its manifest")
-    p.add_argument("dataset")
-    p.add_argument("--mechanism", required=True)
-    p.add_argument("--epsilon", required=True)
-    p.add_argument("--prior-epsilon")
-    p.add_argument("--parts", help="comma-separated part names")
-    p.add_argument("--idempotency-key")
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("dataset", help="the dataset's id")
+    p.add_argument(
+        "--mechanism", required=True, choices=sorted(MECHANISMS), metavar="NAME",
+        help=f"one of {', '.join(sorted(MECHANISMS))} (docs/choosing.md says which fits)",
+    )  # fmt: skip
+    p.add_argument("--epsilon", required=True, help="all the ε this release spends")
+    p.add_argument(
+        "--prior-epsilon",
+        help="the share of --epsilon spent on a private prior, for mechanisms that use one "
+        "(default min(√(k/n), ε/2))",
+    )
+    p.add_argument(
+        "--parts", help="comma-separated parts of the partition plan (default: every example)"
+    )
+    p.add_argument(
+        "--idempotency-key", help="a retry with the same key returns the same release, spent once"
+    )
+    p.add_argument(
+        "--param", action="append", default=[], metavar="KEY=VALUE",
+        help="mechanism option, e.g. clip=true (repeatable; VALUE is JSON)",
+    )  # fmt: skip
     p.set_defaults(handler=_release)
     p = add("download", "download a release's noisy labels")
     p.add_argument("release")
@@ -327,8 +341,10 @@ def _release(args: argparse.Namespace) -> int:
     }
     if args.prior_epsilon is not None:
         body["prior_epsilon"] = args.prior_epsilon
-    if args.parts:
-        body["parts"] = [p for p in args.parts.split(",") if p]
+    if args.parts is not None:
+        body["parts"] = [p.strip() for p in args.parts.split(",") if p.strip()]
+        if not body["parts"]:
+            raise CommandError("--parts names no part (omit it to release every example)")
     if args.idempotency_key:
         body["idempotency_key"] = args.idempotency_key
     return _print(_request(args, "POST", f"/v1/datasets/{args.dataset}/releases", json=body))

@@ -63,7 +63,8 @@ class ReleaseCreate(BaseModel):
     mechanism: MechanismChoice
     epsilon: PrivacyAmount = Field(gt=0)
     prior_epsilon: PrivacyAmount | None = Field(default=None, ge=0)
-    parts: list[str] | None = None
+    # Omitted: the whole dataset. An empty list would select nothing, so it is refused.
+    parts: list[str] | None = Field(default=None, min_length=1)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
 
 
@@ -94,7 +95,8 @@ class ReleaseRead(BaseModel):
     prior: list[float] | None = None
     num_labels: int
     sha256: str
-    parts: list[str] | None = None
+    # Omitted: the whole dataset. An empty list would select nothing, so it is refused.
+    parts: list[str] | None = Field(default=None, min_length=1)
     idempotency_key: str | None = None
     created_at: datetime
 

@@ -56,6 +56,12 @@ def test_operator_commands(
         == 2
     )
     assert "budget_exceeded" in capsys.readouterr().err
+    release = ["label-party", "release", ds, "--epsilon", "0.1", *common]
+    assert main([*release, "--mechanism", "laplace", "--parts", " , "]) == 2
+    assert "--parts names no part" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse names the choices
+        main([*release, "--mechanism", "lapalce"])
+    assert "invalid choice: 'lapalce'" in capsys.readouterr().err
 
 
 def test_training_commands(

@@ -143,6 +143,8 @@ def test_partitions_compose_per_part(server: Server) -> None:
     assert budget["epsilon_spent"] == 1.0
     assert {p["name"]: p["epsilon_spent"] for p in budget["parts"]} == {"a": 1.0, "b": 1.0}
     assert release(admin, ds, 0.1, parts=["nope"]).status_code == 422
+    empty = release(admin, ds, 0.1, parts=[])
+    assert empty.status_code == 422 and empty.json()["detail"][0]["loc"][-1] == "parts"
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
