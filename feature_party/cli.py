@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-from feature_party.config import get_settings
+from feature_party.config import Settings, get_settings
+from shared.settings_help import settings_epilog
 
 
 class CommandError(Exception):
@@ -31,12 +32,28 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     fp = commands.add_parser("feature-party", help="the features party: service, worker, jobs")
     sub = fp.add_subparsers(dest="feature_party_command", required=True, metavar="ACTION")
 
-    serve = sub.add_parser("serve", help="run the HTTP service (migrates the database first)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8002)
+    epilog = settings_epilog(
+        Settings, {"database_url": "SQLite in LABELDP_DATA_DIR", "admin_token": "required"}
+    )
+    serve = sub.add_parser(
+        "serve",
+        help="run the HTTP service (migrates the database first)",
+        description="Run the features-party API; it migrates its database on start.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8002, help="port (default: %(default)s)")
     serve.set_defaults(handler=run_serve)
 
-    worker = sub.add_parser("worker", help="run a training worker (any number, any machine)")
+    worker = sub.add_parser(
+        "worker",
+        help="run a training worker (any number, any machine)",
+        description="Claim queued training jobs from the service's database and run them\n"
+        "(CUDA when present). Any number of workers on Postgres; one on SQLite.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     worker.add_argument("--once", action="store_true", help="exit when the queue is empty")
     worker.add_argument("--id", dest="worker_id", help="worker id (default host:pid:random)")
     worker.set_defaults(handler=run_worker)

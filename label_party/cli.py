@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from label_party.config import Settings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import MECHANISMS
+from shared.settings_help import settings_epilog
 
 
 class CommandError(Exception):
@@ -20,22 +22,29 @@ class CommandError(Exception):
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     party = commands.add_parser("label-party", help="the labels-party service")
     party_cmds = party.add_subparsers(dest="label_party_command", required=True, metavar="ACTION")
+    epilog = settings_epilog(
+        Settings,
+        {"database_url": "SQLite in LABELDP_DATA_DIR",
+         "admin_token": "required (unless LABELDP_MODE=dev)"},
+    )  # fmt: skip
     serve = party_cmds.add_parser(
         "serve",
         help="run the HTTP API (settings from LABELDP_* environment variables)",
-        description="Run the labels-party API. Settings come from LABELDP_* variables: "
-        "LABELDP_DATABASE_URL (default: SQLite in LABELDP_DATA_DIR, default ./labeldp-data), "
-        "LABELDP_ADMIN_TOKEN (required unless LABELDP_MODE=dev). Migrates on start.",
+        description="Run the labels-party API; it migrates its database on start.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8001)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8001, help="port (default: %(default)s)")
     serve.set_defaults(handler=run_serve)
     worker = party_cmds.add_parser(
         "worker",
         help="run a LabelDP-Pro training worker (settings as for serve)",
-        description="Claim queued trainings from the service's database and train them "
-        "(CUDA when present; LABELDP_TRAINING_DEVICE=auto|cpu|cuda). Any number of "
+        description="Claim queued trainings from the service's database and train them\n"
+        "(CUDA when present; LABELDP_TRAINING_DEVICE=auto|cpu|cuda). Any number of\n"
         "workers on Postgres; one on SQLite.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     worker.add_argument("--once", action="store_true", help="exit when the queue is empty")
     worker.add_argument("--id", dest="worker_id", help="worker id (default host:pid:random)")

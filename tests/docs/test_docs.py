@@ -192,3 +192,19 @@ def test_links_between_pages_resolve() -> None:
 
 def test_bash_is_available() -> None:
     assert shutil.which("bash"), "the doc test runs sh blocks with bash"
+
+
+@pytest.mark.parametrize("party", ["label-party", "feature-party"])
+def test_every_setting_is_in_serve_help_and_operations(party: str) -> None:
+    from feature_party.config import Settings as FeatureSettings
+    from label_party.config import Settings as LabelSettings
+    from shared.settings_help import environment_names
+
+    settings = LabelSettings if party == "label-party" else FeatureSettings
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([party, "serve", "--help"])
+    operations = (DOCS / "operations.md").read_text()
+    for name in environment_names(settings):
+        assert name in out.getvalue(), f"{party} serve --help omits {name}"
+        assert name in operations, f"docs/operations.md omits {name}"
