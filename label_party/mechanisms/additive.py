@@ -75,6 +75,7 @@ from label_party.mechanisms.base import (
     Mechanism,
     MechanismError,
     check_epsilon,
+    check_params,
     map_chunks,
     validate_prior,
 )
@@ -469,15 +470,6 @@ def _bounds(request: FitRequest) -> tuple[float, float]:
     return lo, hi
 
 
-def _check_params(params: Mapping[str, Any], allowed: set[str], mechanism: str) -> None:
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        known = ", ".join(sorted(allowed)) or "none"
-        raise MechanismError(
-            f"unknown parameter(s) {', '.join(unknown)} for {mechanism}; allowed: {known}"
-        )
-
-
 def _bool_param(params: Mapping[str, Any], name: str) -> bool:
     value = params.get(name, False)
     if not isinstance(value, bool | np.bool_):
@@ -844,7 +836,7 @@ def _common(
 ) -> tuple[float, float, float, bool, bool]:
     eps = check_epsilon(request.epsilon)
     params = request.params
-    _check_params(params, allowed, mechanism)
+    check_params(params, allowed, mechanism)
     lo, hi = _bounds(request)
     clip = _bool_param(params, "clip")
     discrete = _bool_param(params, "discrete")
@@ -923,6 +915,6 @@ def exponential_from_request(request: FitRequest) -> Mechanism:
     ``rr-on-bins-regression.txt``.
     """
     eps = check_epsilon(request.epsilon)
-    _check_params(request.params, set(), "exponential")
+    check_params(request.params, set(), "exponential")
     lo, hi = _bounds(request)
     return ExponentialMechanism("exponential", eps, lo, hi)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, get_args
@@ -41,6 +41,16 @@ DEFAULT_CHUNK = 1 << 17
 
 class MechanismError(ValueError):
     """A mechanism was asked for something its parameters do not allow."""
+
+
+def check_params(params: Mapping[str, Any], allowed: Collection[str], mechanism: str) -> None:
+    """Refuse parameters ``mechanism`` does not take, naming the ones it does."""
+    unknown = sorted(set(map(str, params)) - set(allowed))
+    if unknown:
+        known = ", ".join(sorted(allowed)) or "none"
+        raise MechanismError(
+            f"unknown parameter(s) {', '.join(unknown)} for {mechanism}; allowed: {known}"
+        )
 
 
 def map_chunks(

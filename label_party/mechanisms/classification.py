@@ -44,6 +44,7 @@ from label_party.mechanisms.base import (
     IntArray,
     MechanismError,
     check_epsilon,
+    check_params,
     secure_generator,
     validate_prior,
 )
@@ -135,8 +136,7 @@ def rr_from_request(request: FitRequest) -> FiniteMechanism:
     ε-DP under substitution of one example's label (the matrix ratio is exactly
     e^ε); spends ``request.epsilon`` per randomized example.
     """
-    if request.params:
-        raise MechanismError(f"rr takes no parameters, got {sorted(request.params)}")
+    check_params(request.params, (), "rr")
     k = _class_values(request.values)
     eps = check_epsilon(request.epsilon)
     classes = np.arange(k, dtype=np.float64)
@@ -291,9 +291,7 @@ def rr_with_prior_from_request(request: FitRequest) -> FiniteMechanism:
     2); spends ``request.epsilon`` on each example randomized. ``describe()``
     carries k and Y_k (functions of the already private prior).
     """
-    unknown = set(request.params) - {"k"}
-    if unknown:
-        raise MechanismError(f"unknown parameter(s) for rr-with-prior: {sorted(unknown)}")
+    check_params(request.params, {"k"}, "rr-with-prior")
     num = _class_values(request.values)
     values, prior = validate_prior(request.values, request.prior)
     eps = check_epsilon(request.epsilon)

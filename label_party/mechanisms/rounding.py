@@ -33,6 +33,7 @@ from label_party.mechanisms.base import (
     IntArray,
     Mechanism,
     MechanismError,
+    check_params,
     map_chunks,
 )
 
@@ -130,12 +131,7 @@ class RoundingMechanism(FiniteMechanism):
 
 
 def _grid_from_params(params: dict[str, Any], lo: float, hi: float) -> FloatArray:
-    unknown = sorted(set(params) - {"grid", "grid_size"})
-    if unknown:
-        raise MechanismError(
-            f"unknown parameter(s) {', '.join(unknown)} for randomized-rounding; "
-            "allowed: grid, grid_size"
-        )
+    check_params(params, {"grid", "grid_size"}, "randomized-rounding")
     if ("grid" in params) == ("grid_size" in params):
         raise MechanismError("randomized-rounding needs exactly one of grid or grid_size")
     if "grid_size" in params:

@@ -67,6 +67,7 @@ from label_party.mechanisms.base import (
     Loss,
     MechanismError,
     check_epsilon,
+    check_params,
     pointwise_loss,
     validate_prior,
 )
@@ -506,9 +507,7 @@ def from_request(request: FitRequest) -> FiniteMechanism:
     Takes no parameters. Outputs are sorted ascending; ``describe()`` lists the loss
     and, per bin in order of values, its lowest and highest value and its output.
     """
-    if request.params:
-        unknown = ", ".join(sorted(map(str, request.params)))
-        raise MechanismError(f"{NAME} takes no parameters; got {unknown}")
+    check_params(request.params, (), NAME)
     _check_loss(request.loss)
     fitted = optimal_bins(request.values, request.prior, epsilon=request.epsilon, loss=request.loss)
     values = np.asarray(request.values, dtype=np.float64)

@@ -108,6 +108,7 @@ from label_party.mechanisms.base import (
     FloatArray,
     MechanismError,
     check_epsilon,
+    check_params,
     validate_prior,
 )
 
@@ -190,9 +191,7 @@ def debiased_rr(values: FloatArray, *, epsilon: float) -> FiniteMechanism:
 
 def debiased_rr_from_request(request: FitRequest) -> FiniteMechanism:
     """Registry factory for ``debiased-rr``; it takes no parameters."""
-    if request.params:
-        unknown = ", ".join(sorted(map(str, request.params)))
-        raise MechanismError(f"debiased-rr takes no parameters, got: {unknown}")
+    check_params(request.params, (), "debiased-rr")
     return debiased_rr(request.values, epsilon=request.epsilon)
 
 
@@ -752,12 +751,7 @@ def optimal_unbiased(
 def from_request(request: FitRequest) -> FiniteMechanism:
     """Registry factory for ``unbiased``: params ``mesh`` and ``output_set``."""
     params: Mapping[str, Any] = request.params
-    unknown = set(map(str, params)) - _PARAMS
-    if unknown:
-        raise MechanismError(
-            f"unknown parameter(s) for unbiased: {', '.join(sorted(unknown))}; "
-            f"expected {', '.join(sorted(_PARAMS))}"
-        )
+    check_params(params, _PARAMS, "unbiased")
     mesh = params.get("mesh")
     strategy = params.get("output_set", "grid")
     if not isinstance(strategy, str):

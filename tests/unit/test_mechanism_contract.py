@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from label_party.mechanisms.base import FiniteMechanism
+from label_party.mechanisms.base import FiniteMechanism, MechanismError
 from label_party.mechanisms.registry import MECHANISMS, fit
 
 RNG_SEED = 20261122
@@ -117,3 +117,22 @@ def test_auto_picks_by_training_loss_and_says_why(loss: str, chosen: str) -> Non
     assert mech.name == chosen
     assert mech.params["selected_by"] == "auto" and mech.params["reason"]
     np.testing.assert_allclose(mech.matrix, direct.matrix)
+
+
+ALLOWED_PARAMS = {
+    "debiased-rr": "none", "exponential": "none", "rr": "none", "rr-on-bins": "none",
+    "laplace": "clip, discrete", "staircase": "clip, discrete, gamma, r",
+    "randomized-rounding": "grid, grid_size", "rr-with-prior": "k",
+    "unbiased": "mesh, output_set", "auto": "mesh, output_set",  # auto → unbiased here
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_an_unknown_parameter_is_refused_with_the_allowed_ones(name: str) -> None:
+    classes = name in ("rr", "rr-with-prior")
+    loss = "zero-one" if classes else "squared"
+    with pytest.raises(MechanismError) as err:
+        fit(name, epsilon=1.0, values=CLASS_VALUES, prior=_prior(5, 10), loss=loss,
+            domain=(0.0, 4.0), params={"bogus": 1})  # fmt: skip
+    assert str(err.value).endswith(f"bogus for {'unbiased' if name == 'auto' else name}; "
+                                   f"allowed: {ALLOWED_PARAMS[name]}")  # fmt: skip

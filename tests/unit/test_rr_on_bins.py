@@ -392,7 +392,7 @@ def test_rejects_what_it_cannot_do() -> None:
         _fit(values, prior, 1.0, "zero-one")
     with pytest.raises(MechanismError, match="losses"):
         optimal_bins(values, prior, epsilon=1.0, loss="hinge")  # type: ignore[arg-type]
-    with pytest.raises(MechanismError, match="no parameters"):
+    with pytest.raises(MechanismError, match="allowed: none"):
         _fit(values, prior, 1.0, "squared", mesh=10)
     with pytest.raises(MechanismError, match="non-negative"):
         optimal_bins(np.array([-1.0, 2.0]), prior, epsilon=1.0, loss="poisson")
