@@ -3,6 +3,7 @@ preprocessing (``training.artifact``)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from functools import lru_cache
 from pathlib import Path
@@ -142,8 +143,20 @@ def predict_file(
 def predict_rows(
     session: Session, settings: Settings, model_id: str, rows: list[dict[str, object]]
 ) -> Predictions:
-    try:
-        table = pa.Table.from_pylist(rows)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise InvalidInputError(f"rows do not form a table: {exc}") from None
-    return predict_table(session, settings, model_id, table)
+    return predict_table(session, settings, model_id, _rows_table(rows))
+
+
+def _rows_table(rows: list[dict[str, object]]) -> pa.Table:
+    """JSON rows as a table. A column whose values mix JSON types (``1`` and ``"a"``)
+    is kept as text, so the preprocessing names it and its row instead of Arrow
+    refusing the whole body with a message that quotes the value."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    columns: dict[str, pa.Array] = {}
+    for name in names:
+        values = [row.get(name) for row in rows]
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            text = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
+            columns[name] = pa.array(text, pa.string())
+    return pa.table(columns) if columns else pa.table({})

@@ -76,7 +76,7 @@ class Preprocessing:
         n = table.num_rows
         numeric = np.zeros((n, len(self.numeric)), dtype=np.float32)
         for j, name in enumerate(self.numeric):
-            values = _as_float(table.column(name))
+            values = _as_float(table.column(name), name)
             scaled = (values - self.means[j]) / self.stds[j]
             numeric[:, j] = np.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0)
         categorical = np.zeros((n, len(self.categorical)), dtype=np.int64)
@@ -106,9 +106,27 @@ class Preprocessing:
         )
 
 
-def _as_float(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    arr = pc.cast(column, pa.float64())
+#: What a text cell must look like to cast to a float (Arrow's cast accepts these).
+_NUMBER_TEXT = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
+
+
+def _as_float(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
+    """A numeric column as float64 (NaN for nulls); a ``ValueError`` naming the column
+    and its first bad row, never Arrow's message (which quotes the cell)."""
+    try:
+        arr = pc.cast(column, pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise ValueError(f"numeric column {name!r} holds a value that is not a number"
+                         f"{_first_non_number(column)}") from None  # fmt: skip
     return np.asarray(pc.fill_null(arr, float("nan")).to_numpy(), dtype=np.float64)
+
+
+def _first_non_number(column: pa.ChunkedArray | pa.Array) -> str:
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return f" (its type is {column.type})"
+    numbers = pc.match_substring_regex(column, _NUMBER_TEXT, ignore_case=True)
+    bad = np.flatnonzero(~pc.fill_null(numbers, True).to_numpy(zero_copy_only=False))
+    return f" (row {int(bad[0]) + 1})" if bad.size else ""
 
 
 def as_string(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -125,7 +143,7 @@ def fit_preprocessing(
     means: list[float] = []
     stds: list[float] = []
     for name in roles.numeric:
-        values = _as_float(table.column(name))
+        values = _as_float(table.column(name), name)
         finite = values[np.isfinite(values)]
         mean = float(finite.mean()) if finite.size else 0.0
         std = float(finite.std()) if finite.size else 1.0

@@ -224,6 +224,10 @@ def test_receive_train_predict(
     r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": [{"x0": 1.0}]})
     assert r.status_code == 422
     assert "missing_columns" in r.json()["detail"]
+    bad = [dict(rows[0]), {**rows[1], "x0": "s3cr3t"}]
+    r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": bad})
+    assert r.status_code == 422 and "s3cr3t" not in r.text
+    assert r.json()["message"].endswith("column 'x0' holds a value that is not a number (row 2)")
 
     artifact = client.get(f"/v1/models/{model_id}/artifact", headers=AUTH)
     assert artifact.status_code == 200
