@@ -88,6 +88,9 @@ class ReleaseRead(BaseModel):
 
     id: str
     dataset_id: str
+    #: The dataset's task, so the features party can refuse a job of the other kind
+    #: (None only in manifests from labels parties older than this field).
+    task: Task | None = None
     epsilon: PrivacyAmount
     delta: PrivacyAmount = Decimal(0)
     prior_epsilon: PrivacyAmount = Decimal(0)
@@ -95,8 +98,7 @@ class ReleaseRead(BaseModel):
     prior: list[float] | None = None
     num_labels: int
     sha256: str
-    # Omitted: the whole dataset. An empty list would select nothing, so it is refused.
-    parts: list[str] | None = Field(default=None, min_length=1)
+    parts: list[str] | None = None
     idempotency_key: str | None = None
     created_at: datetime
 

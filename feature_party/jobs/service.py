@@ -42,6 +42,13 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
     config = body.training()
     if config.init_model_id is not None:
         ModelRepository(session).get(config.init_model_id)  # 404 for an unknown model
+    released_task = labels.manifest.get("task")
+    if released_task is not None and released_task != config.task:
+        raise InvalidInputError(
+            f"the release holds {released_task} labels; this job's task is {config.task}",
+            code="task_mismatch",
+            detail={"release_task": released_task, "task": config.task},
+        )
     if config.task == "classification":
         mechanism = labels.manifest.get("mechanism", {})
         classes = mechanism.get("outputs") or mechanism.get("inputs")

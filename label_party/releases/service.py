@@ -17,7 +17,7 @@ import os
 import random
 import signal
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -55,7 +55,7 @@ from label_party.releases.pipeline import (
 )
 from label_party.storage import labels_path, partition_path
 from shared.parquet import publish_by_hash, temp_path
-from shared.protocol import MechanismDescription, ReleaseCreate, ReleaseRead
+from shared.protocol import MechanismDescription, ReleaseCreate, ReleaseRead, Task
 
 logger = logging.getLogger("label_party.releases")
 
@@ -270,9 +270,12 @@ def to_read(session: Session, release: Release, entry: LedgerEntry | None = None
     entry = entry or session.get(LedgerEntry, release.ledger_entry_id)
     assert entry is not None
     description: dict[str, Any] = release.mechanism
+    dataset = session.get(Dataset, release.dataset_id)  # loaded already: no query
+    assert dataset is not None
     return ReleaseRead(
         id=release.id,
         dataset_id=release.dataset_id,
+        task=cast(Task, dataset.task),
         epsilon=epsilon_decimal(entry.epsilon),
         delta=delta_decimal(entry.delta),
         prior_epsilon=epsilon_decimal(release.prior_epsilon),

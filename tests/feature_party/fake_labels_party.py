@@ -54,6 +54,8 @@ class FakeLabelsParty:
     mechanism: dict[str, Any] = field(
         default_factory=lambda: {"name": "laplace", "epsilon": 1.0, "params": {}}
     )
+    task: str | None = None
+    """the manifest's task (None: as a labels party older than that field)"""
     fail_posts: int = 0
     """answer this many release POSTs with 503 *after* spending (as a crash would)"""
     fail_gets: int = 0
@@ -126,6 +128,7 @@ class FakeLabelsParty:
         release = ReleaseRead(
             id=f"rel-{len(self.releases) + 1}",
             dataset_id=self.dataset_id,
+            task=self.task,  # type: ignore[arg-type]
             epsilon=epsilon,  # type: ignore[arg-type]
             mechanism={**self.mechanism, "epsilon": epsilon},  # type: ignore[arg-type]
             num_labels=self.num_labels,

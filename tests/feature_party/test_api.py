@@ -331,6 +331,22 @@ def test_num_classes_below_the_release_s_classes_is_422(
     assert r.status_code == 202, r.text
 
 
+def test_a_job_of_the_other_task_than_the_release_is_422(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    data = synthetic(40)
+    ids = data.features.column("example_id").to_pylist()
+    labels_party.set_labels(ids, [float(i % 3) for i in range(len(ids))])
+    labels_party.mechanism = {"name": "rr", "params": {}, "outputs": [0, 1, 2]}
+    labels_party.task = "classification"
+    fs = upload(client, data.features)
+    received = receive(client, labels_party, fs["id"]).json()
+    job = {"feature_set_id": fs["id"], "labels_id": received["id"], "task": "regression"}
+    r = client.post("/v1/jobs", headers=AUTH, json=job)
+    assert r.status_code == 422 and r.json()["error"] == "task_mismatch"
+    assert r.json()["detail"] == {"release_task": "classification", "task": "regression"}
+
+
 def test_what_the_labels_party_refuses_is_a_4xx(
     client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
 ) -> None:

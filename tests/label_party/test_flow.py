@@ -53,7 +53,7 @@ def test_whole_flow(server: Server) -> None:
     assert manifest["epsilon"] == 0.1 and 0 < manifest["prior_epsilon"] < 0.1
     assert manifest["mechanism"]["epsilon"] == pytest.approx(0.1 - manifest["prior_epsilon"])
     assert len(manifest["mechanism"]["matrix"]) == 11 and len(manifest["prior"]) == 11
-    assert manifest["num_labels"] == 2000
+    assert manifest["num_labels"] == 2000 and manifest["task"] == "regression"
 
     # Idempotent replay: same release, nothing spent.
     again = release(client, ds, 0.1, mechanism={"name": "rr-on-bins"}, idempotency_key="k1")
@@ -163,6 +163,7 @@ def test_classification_releases(server: Server) -> None:
     r = release(admin, ds, 1.0, mechanism={"name": "rr-with-prior"}, prior_epsilon=0.25)
     assert r.status_code == 201, r.text
     assert r.json()["prior_epsilon"] == 0.25 and r.json()["mechanism"]["epsilon"] == 0.75
+    assert r.json()["task"] == "classification"
     wrong = release(admin, ds, 1.0, mechanism={"name": "laplace"})
     assert wrong.status_code == 422
     bad = upload_labels(
