@@ -67,6 +67,11 @@ class Plan:
         return self.epsilon * len(self.mechanisms)
 
 
+def shown_name(spec: dict[str, Any]) -> str:
+    """A release's name in the report: clipped Laplace is not the unbiased Laplace."""
+    return f"{spec['name']}-clipped" if spec.get("clip") else str(spec["name"])
+
+
 def default_plan(*, quick: bool, epsilon: float) -> Plan:
     mechanisms: list[dict[str, Any]] = [
         {"name": "unbiased", "mesh": 200 if quick else 800},
@@ -121,14 +126,14 @@ def play(
 
     outcomes: list[Outcome] = []
     for spec in plan.mechanisms:
-        name = spec["name"]
+        name = shown_name(spec)
         started = time.perf_counter()
         say(f"publisher: release with {name} at ε = {plan.epsilon:g}")
         received = publisher.receive({
             "feature_set_id": feature_set, "labels_party_url": endpoints.labels_url,
             "token": client["token"], "dataset_id": dataset["id"],
             "release": {"mechanism": spec, "epsilon": plan.epsilon,
-                        "idempotency_key": f"demo-{name}"},
+                        "idempotency_key": f"demo-{spec['name']}"},
         })  # fmt: skip
         job = publisher.train(
             {"feature_set_id": feature_set, "labels_id": received["id"], **plan.training()},
@@ -158,14 +163,14 @@ def play(
 
 def format_table(outcomes: list[Outcome]) -> str:
     head = (
-        f"{'mechanism':<12} {'ε':>5} {'noisy-label MSE':>16} {'test MSE':>10} {'budget left':>12}"
+        f"{'mechanism':<15} {'ε':>5} {'noisy-label MSE':>16} {'test MSE':>10} {'budget left':>12}"
     )
     lines = [head, "-" * len(head)]
     for o in outcomes:
         eps = "∞" if o.epsilon == float("inf") else f"{o.epsilon:g}"
         noisy = "—" if o.noisy_label_mse is None else f"{o.noisy_label_mse:,.0f}"
         left = "—" if o.budget_left is None else f"{o.budget_left:g}"
-        lines.append(f"{o.mechanism:<12} {eps:>5} {noisy:>16} {o.test_mse:>10,.0f} {left:>12}")
+        lines.append(f"{o.mechanism:<15} {eps:>5} {noisy:>16} {o.test_mse:>10,.0f} {left:>12}")
     return "\n".join(lines)
 
 

@@ -286,6 +286,7 @@ def test_compose_services_run_the_demo_as_local_processes(
     report = output / "report.md"
     assert report.is_file(), f"no report in {output}"
     assert "Audit chain verified: **True**" in report.read_text()
+    assert "laplace-clipped" in report.read_text()  # not taken for the unbiased Laplace
     # The services kept their state in the local Postgres databases, not in SQLite:
     # one release per mechanism of the plan, each trained by the worker.
     releases = len(default_plan(quick=True, epsilon=1.0).mechanisms)
