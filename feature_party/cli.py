@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from feature_party.config import Settings, get_settings
-from shared.settings_help import settings_epilog
+from shared.settings_help import add_serve_command, settings_epilog
 
 
 class CommandError(Exception):
@@ -35,16 +35,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     epilog = settings_epilog(
         Settings, {"database_url": "SQLite in LABELDP_DATA_DIR", "admin_token": "required"}
     )
-    serve = sub.add_parser(
-        "serve",
-        help="run the HTTP service (migrates the database first)",
-        description="Run the features-party API; it migrates its database on start.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8002, help="port (default: %(default)s)")
-    serve.set_defaults(handler=run_serve)
+    add_serve_command(sub, party="features-party", port=8002, epilog=epilog, handler=run_serve)
 
     worker = sub.add_parser(
         "worker",

@@ -12,7 +12,7 @@ from typing import Any
 from label_party.config import Settings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import MECHANISMS
-from shared.settings_help import settings_epilog
+from shared.settings_help import add_serve_command, settings_epilog
 
 
 class CommandError(Exception):
@@ -27,16 +27,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         {"database_url": "SQLite in LABELDP_DATA_DIR",
          "admin_token": "required (unless LABELDP_MODE=dev)"},
     )  # fmt: skip
-    serve = party_cmds.add_parser(
-        "serve",
-        help="run the HTTP API (settings from LABELDP_* environment variables)",
-        description="Run the labels-party API; it migrates its database on start.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8001, help="port (default: %(default)s)")
-    serve.set_defaults(handler=run_serve)
+    add_serve_command(party_cmds, party="labels-party", port=8001, epilog=epilog, handler=run_serve)
     worker = party_cmds.add_parser(
         "worker",
         help="run a LabelDP-Pro training worker (settings as for serve)",

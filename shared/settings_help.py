@@ -1,4 +1,5 @@
-"""The ``LABELDP_*`` variables a settings class reads, as ``--help`` text.
+"""The ``LABELDP_*`` variables a settings class reads, as ``--help`` text, and the
+``serve`` command both parties build on it.
 
 Generated from the class itself, so ``serve --help`` cannot drift from the code;
 docs/operations.md says what each variable does (a test checks it names them all).
@@ -6,7 +7,9 @@ docs/operations.md says what each variable does (a test checks it names them all
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pydantic_settings import BaseSettings
 
@@ -28,3 +31,24 @@ def settings_epilog(settings: type[BaseSettings], unset: Mapping[str, str] = {})
         lines.append(f"  {env:<34} {shown}")
     lines.append("docs/operations.md says what each does.")
     return "\n".join(lines)
+
+
+def add_serve_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    *,
+    party: str,
+    port: int,
+    epilog: str,
+    handler: Callable[[argparse.Namespace], Any],
+) -> None:
+    """``serve --host --port`` for ``party``, with the settings as its epilog."""
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP API (migrates its database first; settings from LABELDP_*)",
+        description=f"Run the {party} API; it migrates its database on start.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=port, help="port (default: %(default)s)")
+    serve.set_defaults(handler=handler)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from labeldp.datasets import load
+from labeldp.datasets import Dataset, load
 from labeldp.experiment import REGRESSION, main, methods_for, subsample
 from labeldp.harness import Endpoints, non_private_baseline
 
@@ -85,15 +85,21 @@ def test_non_private_equals_the_baseline(
     assert result["test"]["mse"] == pytest.approx(baseline)
 
 
+def _own_files(data: Dataset, directory: Path, domain: dict[str, Any]) -> list[str]:
+    """``data`` written as the user's two files → the experiment's options for them."""
+    pq.write_table(data.labels_table(), directory / "labels.parquet")
+    pq.write_table(data.features_table(), directory / "features.parquet")
+    return ["--labels", str(directory / "labels.parquet"),
+            "--features", str(directory / "features.parquet"), "--task", "regression",
+            "--domain", json.dumps(domain)]  # fmt: skip
+
+
 def test_own_files(
     endpoints: Endpoints, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     data = subsample(load("rand-hie-spend"), 2000)
-    pq.write_table(data.labels_table(), tmp_path / "labels.parquet")
-    pq.write_table(data.features_table(), tmp_path / "features.parquet")
-    argv = ["--labels", str(tmp_path / "labels.parquet"),
-            "--features", str(tmp_path / "features.parquet"), "--task", "regression",
-            "--domain", json.dumps(data.label_domain), "--categorical", ",".join(data.categorical),
+    argv = [*_own_files(data, tmp_path, data.label_domain),
+            "--categorical", ",".join(data.categorical),
             "--method", "rr-on-bins", "--epsilon", "2", "--epochs", "2", "--json"]  # fmt: skip
     result = _run(argv, endpoints, capsys)
     assert result["dataset"] == "labels" and result["examples"] == len(data)
@@ -105,13 +111,9 @@ def test_refused_labels_show_their_rows_and_leave_no_features(
     endpoints: Endpoints, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     data = subsample(load("rand-hie-spend"), 200)
-    pq.write_table(data.labels_table(), tmp_path / "labels.parquet")
-    pq.write_table(data.features_table(), tmp_path / "features.parquet")
     top = float(np.max(data.labels))
     domain = {"min": 0.0, "max": top / 2, "clip": False}  # labels above top/2 are refused
-    argv = ["--labels", str(tmp_path / "labels.parquet"),
-            "--features", str(tmp_path / "features.parquet"), "--task", "regression",
-            "--domain", json.dumps(domain), "--method", "laplace", "--epsilon", "1",
+    argv = [*_own_files(data, tmp_path, domain), "--method", "laplace", "--epsilon", "1",
             "--labels-party", endpoints.labels_url, "--labels-token", endpoints.labels_admin_token,
             "--features-party", endpoints.features_url,
             "--features-token", endpoints.features_token]  # fmt: skip

@@ -314,16 +314,21 @@ def test_hash_mismatch_is_refused(
     assert r.status_code == 502
 
 
-def test_num_classes_below_the_release_s_classes_is_422(
-    client: httpx.Client, labels_party: FakeLabelsParty
-) -> None:
+def _three_class_rr_release(client: httpx.Client, labels_party: FakeLabelsParty) -> dict[str, str]:
+    """A received rr release of 3 classes → the ids a job names."""
     data = synthetic(40)
     ids = data.features.column("example_id").to_pylist()
     labels_party.set_labels(ids, [float(i % 3) for i in range(len(ids))])
     labels_party.mechanism = {"name": "rr", "params": {}, "outputs": [0, 1, 2]}
     fs = upload(client, data.features)
     received = receive(client, labels_party, fs["id"]).json()
-    job = {"feature_set_id": fs["id"], "labels_id": received["id"],
+    return {"feature_set_id": fs["id"], "labels_id": received["id"]}
+
+
+def test_num_classes_below_the_release_s_classes_is_422(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    job = {**_three_class_rr_release(client, labels_party),
            "task": "classification", "loss": "cross-entropy"}  # fmt: skip
     r = client.post("/v1/jobs", headers=AUTH, json={**job, "num_classes": 2})
     assert r.status_code == 422 and "below the release's 3 classes" in r.json()["message"]
@@ -334,14 +339,8 @@ def test_num_classes_below_the_release_s_classes_is_422(
 def test_a_job_of_the_other_task_than_the_release_is_422(
     client: httpx.Client, labels_party: FakeLabelsParty
 ) -> None:
-    data = synthetic(40)
-    ids = data.features.column("example_id").to_pylist()
-    labels_party.set_labels(ids, [float(i % 3) for i in range(len(ids))])
-    labels_party.mechanism = {"name": "rr", "params": {}, "outputs": [0, 1, 2]}
     labels_party.task = "classification"
-    fs = upload(client, data.features)
-    received = receive(client, labels_party, fs["id"]).json()
-    job = {"feature_set_id": fs["id"], "labels_id": received["id"], "task": "regression"}
+    job = {**_three_class_rr_release(client, labels_party), "task": "regression"}
     r = client.post("/v1/jobs", headers=AUTH, json=job)
     assert r.status_code == 422 and r.json()["error"] == "task_mismatch"
     assert r.json()["detail"] == {"release_task": "classification", "task": "regression"}
