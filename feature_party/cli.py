@@ -10,6 +10,7 @@ import argparse
 import fcntl
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -124,7 +125,10 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
     start.add_argument("--labels-party-url", required=True)
     start.add_argument("--dataset", required=True, help="dataset id at the labels party")
     start.add_argument("--epsilon", type=float, required=True, help="ε per example")
-    start.add_argument("--stages", type=int, default=2, help="T (default 2: a 40/60 split)")
+    start.add_argument(
+        "--stages", type=int,
+        help="T, 1 to 10 (default: one per --fractions share, else 2 with a 40/60 split)",
+    )  # fmt: skip
     start.add_argument("--fractions", help="comma-separated shares per stage, e.g. 0.4,0.6")
     start.add_argument("--seed", type=int, help="partition seed (default: random)")
     start.add_argument("--temperature", type=float, default=1.0, help="prior softmax temperature")
@@ -227,7 +231,9 @@ def _call(method: str, url: str, path: str, body: Any = None) -> dict[str, Any]:
     except ValueError:
         raise CommandError(f"{url} answered {response.status_code} without JSON") from None
     if response.status_code >= 400:
-        raise CommandError(f"{data.get('error')}: {data.get('message')}")
+        # The detail names what to fix (a field, the rows at fault), as label-party shows it.
+        detail = f" {json.dumps(data['detail'])}" if data.get("detail") else ""
+        raise CommandError(f"{data.get('error')}: {data.get('message')}{detail}")
     return data
 
 
@@ -309,7 +315,6 @@ def run_multistage_start(args: argparse.Namespace) -> int:
         "token": _labels_party_token(),
         "dataset_id": args.dataset,
         "epsilon": args.epsilon,
-        "stages": args.stages,
         "temperature": args.temperature,
         "filter_top_k": not args.no_filter,
         "training": training,
@@ -319,6 +324,10 @@ def run_multistage_start(args: argparse.Namespace) -> int:
             body["fractions"] = [float(f) for f in args.fractions.split(",")]
         except ValueError:
             raise CommandError("--fractions: comma-separated numbers, e.g. 0.4,0.6") from None
+    body["stages"] = args.stages if args.stages is not None else len(body.get("fractions", [2, 2]))
+    for option, value in (("--epsilon", args.epsilon), ("--temperature", args.temperature)):
+        if not (math.isfinite(value) and value > 0):  # JSON cannot carry nan or inf
+            raise CommandError(f"{option} must be a finite number > 0, got {value}")
     if args.seed is not None:
         body["seed"] = args.seed
     run = _call("POST", args.url, "/v1/multistage", body)

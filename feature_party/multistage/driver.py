@@ -101,7 +101,7 @@ class Driver:
         with self.client:
             self.num_classes = _num_classes(self.client, self.run.dataset_id)
             if state.get("partition_plan_id") is None:
-                state = self._partition()
+                state = self._partition(state)
             for t in range(1, int(self.config["stages"]) + 1):
                 self._stage(state, t)
         last = state["stages"][-1]
@@ -125,7 +125,7 @@ class Driver:
 
     # -- steps ------------------------------------------------------------------------
 
-    def _partition(self) -> dict[str, Any]:
+    def _partition(self, state: dict[str, Any]) -> dict[str, Any]:
         config = self.config
         ids, parts = assign_parts(
             self._feature_ids(),
@@ -137,8 +137,16 @@ class Driver:
         path = self._run_dir() / "parts.parquet"
         pq.write_table(table, path)
         sizes = dict(zip(*np.unique(parts, return_counts=True), strict=True))
+        # Only a run that tried to register before (and crashed before saving the plan's
+        # id) may adopt a plan it finds there; any other plan is another run's.
+        resumed = bool(state.get("registering_plan"))
+        self._save({**state, "registering_plan": True})
         plan = _register_plan(
-            self.client, self.run.dataset_id, path, {k: int(v) for k, v in sizes.items()}
+            self.client,
+            self.run.dataset_id,
+            path,
+            {k: int(v) for k, v in sizes.items()},
+            adopt=resumed,
         )
         stages = [
             {
@@ -289,7 +297,13 @@ class Driver:
             with self.database.session() as session:
                 stage["job_id"] = jobs.submit(session, self.settings, body).id
             self._save(state)
-        return self._wait(stage["job_id"], t)
+        try:
+            return self._wait(stage["job_id"], t)
+        except RunFailedError:
+            # A resume trains this stage again (its labels are paid for and kept).
+            stage["failed_jobs"] = [*stage.get("failed_jobs", []), stage.pop("job_id")]
+            self._save(state)
+            raise
 
     def _wait(self, job_id: str, t: int) -> dict[str, Any]:
         while True:
@@ -300,7 +314,10 @@ class Driver:
                 slim = {k: v for k, v in (metrics or {}).items() if k != "history"}
                 return {"model_id": model_id, "metrics": slim}
             if Status(status).is_final:
-                raise RunFailedError(f"stage {t}: training job {job_id} {status}: {error}")
+                why = f": {error}" if error else ""
+                raise RunFailedError(
+                    f"stage {t}: training job {job_id} {status}{why}; resume to train it again"
+                )
             self._heartbeat()
             if self.stop.wait(self.settings.poll_seconds):
                 raise _Stopped
@@ -398,6 +415,13 @@ class Driver:
 # -- helpers --------------------------------------------------------------------------
 
 
+def part_sizes(n: int, fractions: list[float]) -> list[int]:
+    """How many of ``n`` examples each stage gets: the fractions' cumulative shares,
+    rounded, so the sizes add up to ``n``."""
+    cuts = np.round(np.cumsum(fractions) * n).astype(np.int64)
+    return [int(size) for size in np.diff(cuts, prepend=0)]
+
+
 def assign_parts(
     ids: list[str], fractions: list[float], *, seed: int, prefix: str
 ) -> tuple[list[str], list[str]]:
@@ -405,7 +429,7 @@ def assign_parts(
     the fractions into ``PREFIX-1`` … ``PREFIX-T``. Depends on the ids and the
     seed only — never on a label."""
     ordered = sorted(ids)
-    cuts = np.round(np.cumsum(fractions) * len(ordered)).astype(np.int64)
+    cuts = np.cumsum(part_sizes(len(ordered), fractions))
     stage_of_rank = np.searchsorted(cuts, np.arange(len(ordered)), side="right") + 1
     stage = np.empty(len(ordered), dtype=np.int64)
     stage[np.random.default_rng(seed).permutation(len(ordered))] = stage_of_rank
@@ -413,17 +437,19 @@ def assign_parts(
 
 
 def _register_plan(
-    client: LabelsPartyClient, dataset_id: str, path: Path, sizes: dict[str, int]
+    client: LabelsPartyClient, dataset_id: str, path: Path, sizes: dict[str, int], *, adopt: bool
 ) -> dict[str, Any]:
-    """Register the plan; a plan already there is accepted only if it has exactly
-    our parts (the same run, resumed after a crash between register and save)."""
+    """Register the plan. A plan already there is accepted only when ``adopt`` (this
+    run tried to register before and crashed before saving its id) and it has
+    exactly our parts: equal sizes alone could be another run's plan, with other
+    examples in each part, under the same part names."""
     try:
         return client.register_partition_plan(dataset_id, path)
     except LabelsPartyHTTPError as exc:
         if exc.status_code != 409:
             raise RunFailedError(f"registering the partition plan failed: {exc}") from None
     existing = client.get_partition_plan(dataset_id)
-    if existing.get("parts") != sizes:
+    if not adopt or existing.get("parts") != sizes:
         raise RunFailedError(
             "the dataset already has another partition plan; LP-MST registers its own "
             "(one plan per dataset), so run it on a dataset without one"

@@ -71,6 +71,10 @@ class MultistageCreate(BaseModel):
             raise ValueError("LP-MST trains classifiers: training.task must be classification")
         if self.training.init_model_id is not None:
             raise ValueError("training.init_model_id is set by each stage; leave it out")
+        if self.training.loss == "rr-debiased-cross-entropy":
+            # It undoes K-ary RR; stages ≥ 2 release RRTop-k (rr-with-prior), whose
+            # flips that correction would get wrong.
+            raise ValueError("LP-MST trains on RRTop-k labels: use loss cross-entropy")
         if self.fractions is not None:
             if len(self.fractions) != self.stages:
                 raise ValueError("fractions needs one share per stage")
@@ -119,6 +123,10 @@ class StageRead(BaseModel):
         default=None, description="earlier-stage labels dropped by the top-k filter"
     )
     job_id: str | None = None
+    failed_jobs: list[str] = Field(
+        default_factory=list,
+        description="earlier jobs of this stage that failed; a resume trained it again",
+    )
     job_status: str | None = None
     job_progress: dict[str, Any] | None = None
     model_id: str | None = None

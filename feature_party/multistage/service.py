@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
 from feature_party.db import Database
-from feature_party.errors import ConflictError, not_found
+from feature_party.errors import ConflictError, InvalidInputError, not_found
 from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.jobs.repository import JobRepository
-from feature_party.multistage.driver import Driver
+from feature_party.multistage.driver import Driver, part_sizes
 from feature_party.multistage.schemas import (
     MultistageCreate,
     MultistageRead,
@@ -66,7 +66,15 @@ class Drivers:
 
 
 def create(session: Session, body: MultistageCreate) -> MultistageRun:
-    FeatureSetRepository(session).get(body.feature_set_id)  # 404 before anything else
+    feature_set = FeatureSetRepository(session).get(body.feature_set_id)  # 404 first
+    sizes = part_sizes(feature_set.num_rows, body.shares())
+    if min(sizes) == 0:
+        # Found here, not after stage 1 has spent its ε and left its plan behind.
+        raise InvalidInputError(
+            f"a stage would get no examples: {feature_set.num_rows} feature rows split "
+            f"as {sizes}; use fewer stages or larger fractions",
+            detail={"num_rows": feature_set.num_rows, "stage_sizes": sizes},
+        )
     seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
     now = utcnow()
     run = MultistageRun(
@@ -104,8 +112,16 @@ def prepare_resume(session: Session, run_id: str, *, active: bool) -> Multistage
     run = _get(session, run_id)
     status = effective_status(run, active=active)
     if status not in (RunStatus.INTERRUPTED, RunStatus.FAILED):
+        stale = (
+            ""
+            if status != RunStatus.RUNNING
+            else (
+                "; a run whose service was killed reads as interrupted once it has not moved "
+                f"for {STALE_AFTER.total_seconds():.0f} s, so retry then"
+            )
+        )
         raise ConflictError(
-            f"run {run_id} is {status}; only interrupted or failed runs resume",
+            f"run {run_id} is {status}; only interrupted or failed runs resume{stale}",
             code="run_not_resumable",
             detail={"status": status},
         )
@@ -129,9 +145,13 @@ def list_runs(session: Session, drivers: Drivers) -> list[MultistageRead]:
 
 def to_read(session: Session, run: MultistageRun, *, active: bool) -> MultistageRead:
     stages = [_stage(session, s) for s in run.state.get("stages", [])]
+    status = effective_status(run, active=active)
+    error = run.error
+    if status == RunStatus.INTERRUPTED and error is None:
+        error = "its service stopped without a clean shutdown; resume it with the token"
     return MultistageRead(
         id=run.id,
-        status=effective_status(run, active=active),
+        status=status,
         feature_set_id=run.feature_set_id,
         dataset_id=run.dataset_id,
         labels_party_url=run.labels_party_url,
@@ -139,7 +159,7 @@ def to_read(session: Session, run: MultistageRun, *, active: bool) -> Multistage
         partition_plan_id=run.state.get("partition_plan_id"),
         stages=stages,
         model_id=run.state.get("model_id"),
-        error=run.error,
+        error=error,
         created_at=run.created_at,
         updated_at=run.updated_at,
         finished_at=run.finished_at,

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pytest
 
 from feature_party.client import BudgetExceededError, LabelsPartyClient
+from feature_party.multistage.driver import assign_parts
 from tests.e2e.conftest import Services, ok, parquet_bytes
 
 pytestmark = pytest.mark.slow
@@ -165,3 +166,48 @@ def test_cli_without_token_says_what_to_set(services: Services) -> None:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "LABELDP_LABELS_PARTY_TOKEN" in done.stderr
+
+
+def test_what_would_waste_epsilon_is_refused_before_any_spend(services: Services) -> None:
+    dataset_id, token, feature_set_id = _setup(services, budget=1.0)
+    body = {"feature_set_id": feature_set_id, "labels_party_url": services.labels_url,
+            "token": token, "dataset_id": dataset_id, "epsilon": 1.0, "seed": 11,
+            "training": TRAINING}  # fmt: skip
+    # A stage without examples would fail only after stage 1 had spent.
+    empty = services.features.post("/v1/multistage", json={**body, "fractions": [0.9995, 0.0005]})
+    assert empty.status_code == 422 and empty.json()["detail"]["stage_sizes"] == [N, 0]
+    # K-ary RR's correction does not fit the RRTop-k labels of stages ≥ 2.
+    debiased = {**TRAINING, "loss": "rr-debiased-cross-entropy"}
+    assert (
+        services.features.post("/v1/multistage", json={**body, "training": debiased}).status_code
+        == 422
+    )
+
+    # Another run's plan with the same part sizes but other examples in each part:
+    # adopting it would release stage 1 on examples this run did not choose.
+    features, _ = _problem()
+    ids, parts = assign_parts(features.column("example_id").to_pylist(), [0.4, 0.6],
+                              seed=99, prefix="lpmst")  # fmt: skip
+    with LabelsPartyClient(services.labels_url, services.labels_admin) as admin:
+        admin.register_partition_plan(
+            dataset_id, parquet_bytes(pa.table({"example_id": ids, "part": parts}))
+        )
+    started = ok(services.features.post("/v1/multistage", json=body), 202)
+    deadline = time.monotonic() + 60
+    while (run := ok(services.features.get(f"/v1/multistage/{started['id']}"), 200))[
+        "status"
+    ] == "running":
+        assert time.monotonic() < deadline, f"logs in {services.logs}"
+        time.sleep(0.2)
+    assert run["status"] == "failed" and "another partition plan" in run["error"]
+    assert set(_parts_spent(services, dataset_id).values()) == {Decimal(0)}
+
+    # The command line shows what the service says is wrong, not only that it is.
+    env = {**os.environ, "LABELDP_ADMIN_TOKEN": services.features_token,
+           "LABELDP_LABELS_PARTY_TOKEN": token}  # fmt: skip
+    command = [sys.executable, "-m", "labeldp", "feature-party", "multistage", "start",
+               "--url", services.features_url, "--feature-set", feature_set_id,
+               "--labels-party-url", services.labels_url, "--dataset", dataset_id,
+               "--epsilon", "1", "--training", '{"epochz": 3}']  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "epochz" in done.stderr, done.stderr
