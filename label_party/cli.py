@@ -95,6 +95,8 @@ def _read_input(path: Path) -> tuple[list[float], list[float]]:
         text = sys.stdin.read() if str(path) == "-" else path.read_text()
     except OSError as exc:
         raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise CommandError(f"{path} is not UTF-8 text (a JSON file is)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -130,6 +132,8 @@ def run_preview(args: argparse.Namespace) -> int:
         f"mechanism         {result['mechanism']}  (ε = {result['epsilon']:g}, "
         f"{result['loss']} loss)"
     )
+    if result["selected"] != result["mechanism"]:
+        print(f"selected          {result['selected']}: {result['params'].get('reason', '')}")
     print(f"noisy-label loss  {result['noisy_label_loss']:.6g}")
     print(f"max |bias|        {result['max_abs_bias']:.6g}")
     if result["outputs"] is not None:

@@ -14,6 +14,9 @@ from label_party.exception_handlers import responses
 
 router = APIRouter(tags=["audit"])
 
+#: The largest sequence number a database integer holds (beyond it: 422, not 500).
+MAX_SEQUENCE = 2**63 - 1
+
 
 class AuditEntryRead(BaseModel):
     seq: int
@@ -49,7 +52,7 @@ def dataset_audit(
     dataset_id: str,
     session: SessionDep,
     principal: PrincipalDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQUENCE)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> AuditPage:
     require(principal, "admin", "auditor")
@@ -66,7 +69,7 @@ def dataset_audit(
 def audit_log(
     session: SessionDep,
     principal: PrincipalDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQUENCE)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> AuditPage:
     require(principal, "admin", "auditor")
@@ -74,7 +77,9 @@ def audit_log(
 
 
 def _page(session: Session, dataset_id: str | None, after: int, limit: int) -> AuditPage:
-    rows = service.page(session, dataset_id=dataset_id, after=after, limit=limit)
+    # One row more than asked says whether a next page exists.
+    rows = service.page(session, dataset_id=dataset_id, after=after, limit=limit + 1)
+    more, rows = len(rows) > limit, rows[:limit]
     entries = [
         AuditEntryRead(
             seq=r.seq,
@@ -88,7 +93,7 @@ def _page(session: Session, dataset_id: str | None, after: int, limit: int) -> A
         )
         for r in rows
     ]
-    return AuditPage(entries=entries, next_after=rows[-1].seq if len(rows) == limit else None)
+    return AuditPage(entries=entries, next_after=rows[-1].seq if more else None)
 
 
 @router.get(

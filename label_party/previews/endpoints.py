@@ -28,6 +28,10 @@ class PreviewRequest(BaseModel):
 
 class PreviewRead(BaseModel):
     mechanism: str
+    selected: str = Field(description="the fitted mechanism (``auto`` names its choice)")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="its parameters; ``auto`` adds ``reason``"
+    )
     epsilon: float
     loss: str
     outputs: list[float] | None

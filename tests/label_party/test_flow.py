@@ -98,6 +98,7 @@ def test_whole_flow(server: Server) -> None:
     entries, after = [], 0
     while True:
         page = admin.get(f"/v1/datasets/{ds}/audit", params={"after": after, "limit": 4}).json()
+        assert page["entries"], "next_after led to an empty page"
         entries += page["entries"]
         if page["next_after"] is None:
             break
@@ -109,6 +110,7 @@ def test_whole_flow(server: Server) -> None:
     assert "labels.rejected" not in actions
     verify = admin.get("/v1/audit/verify").json()
     assert verify["ok"] is True and verify["entries"] >= len(entries)
+    assert admin.get("/v1/audit", params={"after": 2**64}).status_code == 422
 
     releases = client.get(f"/v1/datasets/{ds}/releases").json()
     assert len(releases) == 10
@@ -219,6 +221,10 @@ def test_non_finite_and_huge_amounts_say_what_is_wrong(server: Server) -> None:
     preview = {"mechanism": "rr", "epsilon": float("nan"), "values": [0, 1], "prior": [0.5, 0.5]}
     r = admin.post("/v1/mechanisms/preview", content=json.dumps(preview), headers=headers)
     assert r.status_code == 422 and "finite" in json.dumps(r.json()["detail"])
+    auto = {"mechanism": "auto", "loss": "absolute", "epsilon": 1, "values": [0, 1, 2],
+            "prior": [0.2, 0.5, 0.3]}  # fmt: skip
+    chosen = admin.post("/v1/mechanisms/preview", json=auto).json()
+    assert chosen["selected"] == "rr-on-bins" and "absolute loss" in chosen["params"]["reason"]
     body = {"name": "x", "task": "regression", "label_domain": {"min": 0, "max": 1},
             "epsilon_budget": 1e7}  # fmt: skip
     r = admin.post("/v1/datasets", json=body)

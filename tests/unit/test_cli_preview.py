@@ -52,6 +52,14 @@ def test_classification_mechanisms_take_class_indices(
     assert 0 <= out["noisy_label_loss"] <= 1
 
 
+def test_auto_says_what_it_chose_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["mechanism", "preview", "--mechanism", "auto", "--loss", "absolute", "--epsilon", "1",
+            "--input", str(EXAMPLE)]  # fmt: skip
+    assert main(argv) == 0
+    chosen = [line for line in capsys.readouterr().out.splitlines() if line.startswith("selected")]
+    assert chosen and chosen[0].split()[1] == "rr-on-bins:" and "absolute loss" in chosen[0]
+
+
 def test_unbiased_is_unbiased_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mechanism", "preview", "--mechanism", "unbiased", "--epsilon", "1",
                  "--mesh", "64", "--input", str(EXAMPLE), "--json"]) == 0  # fmt: skip
@@ -90,6 +98,11 @@ def test_bad_input_is_one_line_and_status_2(
 def test_unreadable_input_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    binary = tmp_path / "prior.parquet"
+    binary.write_bytes(b"PAR1\xff\xfe\x00")
+    assert main(["mechanism", "preview", "--mechanism", "rr", "--epsilon", "1",
+                 "--input", str(binary)]) == 2  # fmt: skip
+    assert f"{binary} is not UTF-8 text" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert main(["mechanism", "preview", "--mechanism", "rr", "--epsilon", "1",
