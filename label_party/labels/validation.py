@@ -79,6 +79,8 @@ def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = CO
             _require_columns(table.column_names, columns)
         else:
             table = pjson.read_json(source)
+            if table.num_rows == 0:  # an empty file, not one that lacks columns
+                raise InvalidLabelsError("the file has no rows", [])
             _require_columns(table.column_names, columns)
             table = table.select(list(columns))
     except InvalidLabelsError:
@@ -148,6 +150,8 @@ def _jsonl_as_text(source: IO[bytes], columns: tuple[str, ...]) -> pa.Table:
             f"{len(rows)} row(s) are invalid; nothing was stored",
             {"bad_rows": len(rows), "rows": rows[:MAX_REPORTED]},
         ) from None
+    if record == 0:
+        raise InvalidLabelsError("the file has no rows", []) from None
     _require_columns(list(seen), columns)
     try:
         arrays = {

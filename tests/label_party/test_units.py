@@ -119,6 +119,8 @@ def test_crash_hook_only_in_test_mode() -> None:
         (b"id;label\nsecret,1\n", "csv", "the file lacks column(s) example_id, label"),
         (b"", "csv", "the file could not be read as csv with columns example_id, label"),
         (b"not parquet", "parquet", "the file could not be read as parquet with columns"),
+        (b"", "jsonl", "the file has no rows"),
+        (b"\n\n", "jsonl", "the file has no rows"),
     ],
 )
 def test_unreadable_files_are_one_file_level_422(data: bytes, fmt: str, message: str) -> None:
