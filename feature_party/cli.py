@@ -120,9 +120,15 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "authenticates to the features party with its admin token, LABELDP_ADMIN_TOKEN.",
     )
     ms_sub = ms.add_subparsers(dest="multistage_command", required=True, metavar="ACTION")
-    start = ms_sub.add_parser("start", help="start a run and follow it until it ends")
+    start = ms_sub.add_parser(
+        "start",
+        help="start a run and follow it until it ends",
+        description="Start an LP-MST run and follow it. Tokens come from the environment: "
+        "LABELDP_LABELS_PARTY_TOKEN (the labels party's client token, held in the "
+        "service's memory only) and LABELDP_ADMIN_TOKEN (the features party's).",
+    )
     start.add_argument("--feature-set", required=True, help="feature set id")
-    start.add_argument("--labels-party-url", required=True)
+    start.add_argument("--labels-party-url", required=True, help="the labels party's base URL")
     start.add_argument("--dataset", required=True, help="dataset id at the labels party")
     start.add_argument("--epsilon", type=float, required=True, help="ε per example")
     start.add_argument(
@@ -130,8 +136,14 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="T, 1 to 10 (default: one per --fractions share, else 2 with a 40/60 split)",
     )  # fmt: skip
     start.add_argument("--fractions", help="comma-separated shares per stage, e.g. 0.4,0.6")
-    start.add_argument("--seed", type=int, help="partition seed (default: random)")
-    start.add_argument("--temperature", type=float, default=1.0, help="prior softmax temperature")
+    start.add_argument("--seed", type=int, help="partition seed, ≥ 0 (default: random)")
+    start.add_argument(
+        "--part-prefix", help="the plan's parts are PREFIX-1 … PREFIX-T (default: lpmst)"
+    )
+    start.add_argument(
+        "--temperature", type=float, default=1.0,
+        help="prior softmax temperature, in (0, 100] (default 1)",
+    )  # fmt: skip
     start.add_argument(
         "--no-filter", action="store_true", help="keep earlier labels outside the top-k*"
     )
@@ -297,7 +309,8 @@ def _labels_party_token() -> str:
 
 def _json_arg(text: str, what: str) -> dict[str, Any]:
     try:
-        source = text if text.lstrip().startswith("{") else Path(text).read_text()
+        # Text that looks like JSON is JSON; anything else names a file.
+        source = text if text.lstrip()[:1] in ("{", "[", '"') else Path(text).read_text()
         value = json.loads(source)
     except (OSError, ValueError) as exc:
         raise CommandError(f"{what}: not a JSON object nor a readable JSON file: {exc}") from None
@@ -330,6 +343,8 @@ def run_multistage_start(args: argparse.Namespace) -> int:
             raise CommandError(f"{option} must be a finite number > 0, got {value}")
     if args.seed is not None:
         body["seed"] = args.seed
+    if args.part_prefix is not None:
+        body["part_prefix"] = args.part_prefix
     run = _call("POST", args.url, "/v1/multistage", body)
     if args.no_watch:
         print(json.dumps(run, indent=2))

@@ -71,3 +71,18 @@ def test_a_client_command_without_the_admin_token_says_which_token() -> None:
     assert done.returncode == 2
     assert "LABELDP_ADMIN_TOKEN is not set" in done.stderr
     assert "authenticates to the features party" in done.stderr
+
+
+def test_multistage_options_are_checked_before_any_request(tmp_path: Path) -> None:
+    env = {**os.environ, "LABELDP_ADMIN_TOKEN": ADMIN, "LABELDP_LABELS_PARTY_TOKEN": "t" * 32}
+    base = [sys.executable, "-m", "labeldp", "feature-party", "multistage", "start",
+            "--url", "http://127.0.0.1:9", "--feature-set", "f", "--labels-party-url",
+            "http://127.0.0.1:9", "--dataset", "d"]  # fmt: skip
+    cases = [
+        (["--epsilon", "nan"], "--epsilon must be a finite number > 0, got nan"),
+        (["--epsilon", "1", "--temperature", "inf"], "--temperature must be a finite number"),
+        (["--epsilon", "1", "--training", "[1]"], "--training must be a JSON object"),
+    ]
+    for extra, message in cases:
+        done = subprocess.run([*base, *extra], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
