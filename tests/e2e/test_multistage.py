@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 from feature_party.client import BudgetExceededError, LabelsPartyClient
 from feature_party.multistage.driver import assign_parts
@@ -211,3 +212,36 @@ def test_what_would_waste_epsilon_is_refused_before_any_spend(services: Services
                "--epsilon", "1", "--training", '{"epochz": 3}']  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "epochz" in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the failing job needs a machine without CUDA"
+)
+def test_resume_trains_a_failed_stage_again_without_paying_twice(services: Services) -> None:
+    dataset_id, token, feature_set_id = _setup(services, budget=1.0)
+    # device cuda on a machine without one: the worker fails the stage-1 job.
+    body = {"feature_set_id": feature_set_id, "labels_party_url": services.labels_url,
+            "token": token, "dataset_id": dataset_id, "epsilon": 1.0, "seed": 3,
+            "training": {**TRAINING, "device": "cuda"}}  # fmt: skip
+    run_id = ok(services.features.post("/v1/multistage", json=body), 202)["id"]
+    failed_jobs = []
+    for attempt in (1, 2):
+        if attempt == 2:
+            resumed = services.features.post(
+                f"/v1/multistage/{run_id}/resume", json={"token": token}
+            )
+            assert resumed.status_code == 202, resumed.text
+        deadline = time.monotonic() + 120
+        while (run := ok(services.features.get(f"/v1/multistage/{run_id}"), 200))[
+            "status"
+        ] == "running":
+            assert time.monotonic() < deadline, f"logs in {services.logs}"
+            time.sleep(0.3)
+        assert run["status"] == "failed" and "resume to train it again" in run["error"], run[
+            "error"
+        ]
+        stage = run["stages"][0]
+        assert stage["job_id"] is None and len(stage["failed_jobs"]) == attempt
+        failed_jobs = stage["failed_jobs"]
+    assert len(set(failed_jobs)) == 2  # a new job, not a wait on the dead one
+    assert _parts_spent(services, dataset_id)["lpmst-1"] == Decimal(1)  # the release replayed
