@@ -182,10 +182,14 @@ def _settings() -> Any:
 
 def run_worker(args: argparse.Namespace) -> int:
     from label_party.db import connect, migrate
-    from label_party.trainings.worker import Worker
+    from label_party.trainings.worker import Worker, resolve_device
     from shared.logging import configure_logging
 
     settings = _settings()
+    try:  # before claiming anything: each claimed training has been paid for
+        resolve_device(settings.training_device)
+    except RuntimeError as exc:
+        raise CommandError(str(exc)) from None
     configure_logging(settings.log_level)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = connect(settings.resolved_database_url)

@@ -60,6 +60,7 @@ from label_party.storage import (
 )
 from label_party.trainings import repository
 from label_party.trainings.plan import check_ran_as_planned
+from shared.lease_queue import Status
 from shared.parquet import publish_by_hash, temp_path
 from shared.worker_loop import PollingWorker
 
@@ -273,6 +274,13 @@ class Worker(PollingWorker):
 
     def _after_interrupt(self, training_id: str, *, lost: bool) -> None:
         if lost:
+            # Cancelled: nobody resumes it, so its checkpoint goes. Re-claimed by
+            # another worker (our lease ran out): that worker goes on from it.
+            with transaction(self.db.writer) as session:
+                training = session.get(Training, training_id)
+                finished = training is None or Status(training.status).is_final
+            if finished:
+                self._drop_checkpoint(training_id)
             return
         with transaction(self.db.writer) as session:
             repository.queue(session).release(training_id, self.worker_id)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from label_party import cli as label_cli
 from labeldp.cli import main
@@ -115,6 +116,21 @@ def test_serve_refuses_to_start_without_a_real_admin_token(
     monkeypatch.setenv("LABELDP_ADMIN_TOKEN", "changeme")
     assert main(["label-party", "serve", "--port", "1"]) == 2
     assert "LABELDP_ADMIN_TOKEN" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_worker_without_cuda_refuses_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It would claim paid-for trainings only to fail each of them.
+    monkeypatch.setenv("LABELDP_MODE", "test")
+    monkeypatch.setenv("LABELDP_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LABELDP_TRAINING_DEVICE", "cuda")
+    assert main(["label-party", "worker", "--once"]) == 2
+    assert (
+        "LABELDP_TRAINING_DEVICE=cuda but this worker has no CUDA device" in capsys.readouterr().err
+    )
+    assert not any(tmp_path.iterdir())  # no database was even created
 
 
 def test_a_token_beginning_with_a_dash_is_its_value(

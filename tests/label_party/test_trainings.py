@@ -600,3 +600,31 @@ def test_labels_replaced_while_the_plan_is_computed_spend_nothing(
         db.dispose()
     assert admin.get(f"/v1/datasets/{dataset_id}/trainings").json() == []
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
+
+
+def test_a_cancelled_training_s_checkpoint_goes_when_its_worker_stops(
+    server: Server, granted: Any
+) -> None:
+    """A worker that finds its training no longer its own deletes the checkpoint when
+    the training was cancelled, and keeps it when another worker took it over."""
+    from label_party.storage import training_checkpoint_path
+
+    _admin, client, dataset_id, ids, labels = granted
+    settings = _settings(server)
+    cancelled = submit(client, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP).json()
+    taken_over = submit(client, dataset_id, tabular(ids, labels), epsilon=1,
+                        idempotency_key="queued", **CHEAP).json()  # fmt: skip
+    assert client.delete(f"/v1/trainings/{cancelled['id']}").status_code == 200
+    paths = {t["id"]: training_checkpoint_path(settings, t["id"]) for t in (cancelled, taken_over)}
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"checkpoint")
+    db = connect(settings.resolved_database_url)
+    try:
+        worker = Worker(db, settings, worker_id="test-worker")
+        for training_id in paths:
+            worker._after_interrupt(training_id, lost=True)
+    finally:
+        db.dispose()
+    assert not paths[cancelled["id"]].exists() and paths[taken_over["id"]].exists()
+    paths[taken_over["id"]].unlink()
