@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
@@ -104,11 +105,22 @@ def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
     """``example_id`` (string, unique, present) plus the numeric columns as float32,
     in file order. Only column names and row numbers appear in errors."""
     table = _read_any(source, fmt)
+    repeated = sorted({c for c in table.column_names if table.column_names.count(c) > 1})
+    if repeated:
+        raise InvalidRequestError(
+            f"the features file repeats column(s) {', '.join(repeated[:20])}",
+            {"repeated_columns": repeated[:100]},
+        )
     if "example_id" not in table.column_names:
         raise InvalidRequestError("the features file needs an example_id column")
     names = [c for c in table.column_names if c != "example_id"]
     if not names:
         raise InvalidRequestError("the features file has no feature columns")
+    empty = [c for c in names if pa.types.is_null(table.schema.field(c).type)]
+    if empty:
+        raise InvalidRequestError(
+            "feature column(s) without any value", {"empty_columns": empty[:100]}
+        )
     bad = [c for c in names if not _numeric(table.schema.field(c).type)]
     if bad:
         raise InvalidRequestError(
@@ -116,6 +128,7 @@ def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
             "categorical columns are not (yet)",
             {"non_numeric_columns": bad[:100]},
         )
+    _require_finite(table, names)
     ids = pc.cast(table.column("example_id"), pa.string())
     if ids.null_count:
         raise InvalidRequestError("example_id is missing in some rows")
@@ -124,6 +137,24 @@ def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
     columns = {"example_id": ids}
     columns.update({c: pc.cast(table.column(c), pa.float32()) for c in names})
     return pa.table(columns)
+
+
+def _require_finite(table: pa.Table, names: list[str]) -> None:
+    """Refuse missing, NaN and infinite values before anything is charged: the
+    worker would otherwise train on silently imputed zeros."""
+    problems = []
+    for name in names:
+        column = pc.cast(table.column(name), pa.float64())
+        finite = pc.fill_null(pc.is_finite(column), False).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(~finite)
+        if bad.size:
+            problems.append({"column": name, "rows": int(bad.size), "first_row": int(bad[0]) + 1})
+    if problems:
+        raise InvalidRequestError(
+            "feature values must be finite numbers: "
+            + ", ".join(f"{p['column']} ({p['rows']} rows)" for p in problems[:20]),
+            {"non_finite": problems[:100]},
+        )
 
 
 def _numeric(kind: pa.DataType) -> bool:

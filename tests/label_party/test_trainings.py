@@ -628,3 +628,23 @@ def test_a_cancelled_training_s_checkpoint_goes_when_its_worker_stops(
         db.dispose()
     assert not paths[cancelled["id"]].exists() and paths[taken_over["id"]].exists()
     paths[taken_over["id"]].unlink()
+
+
+def test_feature_files_that_would_train_on_guesses_are_refused(
+    server: Server, granted: Any
+) -> None:
+    admin, client, dataset_id, ids, labels = granted
+    spec = json.dumps({"epsilon": 1, "architecture": "mlp"})
+    repeated = "example_id,x0,x0\n" + "".join(f"{i},1,2\n" for i in ids)
+    files = {"file": ("features.csv", repeated.encode())}
+    r = client.post(f"/v1/datasets/{dataset_id}/trainings", files=files, data={"spec": spec})
+    assert r.status_code == 422 and r.json()["detail"] == {"repeated_columns": ["x0"]}
+    half = len(ids) // 2
+    holes = [math.nan] * half + [1.0] * (len(ids) - half - 1) + [math.inf]
+    r = submit(client, dataset_id, tabular(ids, labels, z=holes), epsilon=1, architecture="mlp")
+    assert r.status_code == 422
+    assert r.json()["detail"] == {"non_finite": [{"column": "z", "rows": half + 1, "first_row": 1}]}
+    r = submit(client, dataset_id, tabular(ids, labels, z=[None] * len(ids)), epsilon=1,
+               architecture="mlp")  # fmt: skip
+    assert r.status_code == 422 and r.json()["detail"] == {"empty_columns": ["z"]}
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
