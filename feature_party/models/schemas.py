@@ -46,4 +46,4 @@ class ModelImport(BaseModel):
 
     labels_party_url: str = Field(pattern=r"^https?://")
     token: SecretStr
-    training_id: str = Field(min_length=1, max_length=200)
+    training_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_-]+$")

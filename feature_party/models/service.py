@@ -53,11 +53,15 @@ def import_training(
     with client:
         try:
             training = client.get_training(body.training_id)
-            if training.get("status") != "succeeded" or not training.get("sha256"):
+            status = training.get("status")
+            if status != "succeeded" or not training.get("sha256"):
+                ended = status in ("failed", "cancelled")
                 raise ConflictError(
-                    f"training {body.training_id} has no model yet (it is "
-                    f"{training.get('status')})",
+                    f"training {body.training_id} has no model: it {status}"
+                    if ended
+                    else f"training {body.training_id} has no model yet (it is {status})",
                     code="training_not_ready",
+                    detail={"status": status},
                 )
             sha = str(training["sha256"]).lower()
             known = ModelRepository(session).imported(str(training["id"]), training["sha256"])

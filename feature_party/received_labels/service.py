@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from feature_party.client import (
     BudgetExceededError,
     LabelsPartyClient,
+    LabelsPartyError,
     LabelsPartyHTTPError,
     LabelsPartyUnavailableError,
     ReleaseIntegrityError,
@@ -49,7 +50,14 @@ def make_client(settings: Settings, url: str, token: str) -> LabelsPartyClient:
 
 
 #: What the client raises that this service answers as its own error.
-UPSTREAM_ERRORS = (LabelsPartyUnavailableError, ReleaseIntegrityError, LabelsPartyHTTPError)
+#: Every failure of the labels party's client (its base class last: an answer that is
+#: not the JSON object it should be, from a proxy or another service at that URL).
+UPSTREAM_ERRORS = (
+    LabelsPartyUnavailableError,
+    ReleaseIntegrityError,
+    LabelsPartyHTTPError,
+    LabelsPartyError,
+)
 
 
 #: The labels party's statuses that refuse the request's content, not a failure.
@@ -57,7 +65,7 @@ REFUSALS = frozenset({400, 401, 403, 404, 409, 413, 422})
 
 
 def upstream_error(
-    exc: LabelsPartyUnavailableError | ReleaseIntegrityError | LabelsPartyHTTPError,
+    exc: LabelsPartyError,
 ) -> ConflictError | LabelsPartyRefusedError | UpstreamError:
     """The labels party's failure as this service's answer: 409 for its
     ``budget_exceeded``, its own 4xx for a refusal of what was asked
@@ -70,6 +78,8 @@ def upstream_error(
         )
     if isinstance(exc, ReleaseIntegrityError):
         return UpstreamError(str(exc), code="release_integrity_error")
+    if not isinstance(exc, LabelsPartyHTTPError):
+        return UpstreamError(f"the labels party answered unexpectedly: {exc}")
     detail = {"status": exc.status_code, "error": exc.error, "detail": exc.detail}
     if exc.status_code in REFUSALS:
         return LabelsPartyRefusedError(

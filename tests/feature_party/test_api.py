@@ -416,3 +416,22 @@ def test_a_release_with_repeated_ids_is_refused(
     assert r.status_code == 502
     assert r.json()["error"] == "release_integrity_error"
     assert not (settings.data_dir / "received").exists()
+
+
+def test_model_import_refuses_odd_ids_and_odd_answers(client: httpx.Client) -> None:
+    from fastapi import FastAPI
+
+    from tests.feature_party.fake_labels_party import serve_app
+
+    other = FastAPI()  # another service at the labels party's URL: 200, but a list
+
+    @other.get("/v1/trainings/{training_id}")
+    def listing(training_id: str) -> list[str]:
+        return [training_id]
+
+    with serve_app(other) as url:
+        body = {"labels_party_url": url, "token": TOKEN, "training_id": "../datasets"}
+        r = client.post("/v1/models/import", headers=AUTH, json=body)
+        assert r.status_code == 422  # an id is one path segment, never a path
+        r = client.post("/v1/models/import", headers=AUTH, json={**body, "training_id": "t-1"})
+        assert r.status_code == 502 and r.json()["error"] == "labels_party_error", r.text
