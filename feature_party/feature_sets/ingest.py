@@ -8,6 +8,7 @@ header) and column names, at most :data:`MAX_REPORTED` of each.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,10 @@ def _rows(mask: pa.ChunkedArray | pa.Array) -> list[int]:
     return [int(i) + 1 for i in idx.slice(0, MAX_REPORTED).to_pylist()]
 
 
-def read_table(path: Path, *, filename: str | None) -> pa.Table:
-    """Parquet (by magic bytes or suffix) or CSV; example_id always read as string."""
+def read_table(path: Path, *, filename: str | None, text_columns: Collection[str] = ()) -> pa.Table:
+    """Parquet (by magic bytes or suffix) or CSV. A CSV's ``example_id`` and
+    ``text_columns`` (declared categorical) are read as text, so ``01234`` stays
+    ``01234``; a CSV's other columns have their types inferred."""
     with path.open("rb") as fh:
         magic = fh.read(4)
     name = (filename or "").lower()
@@ -55,7 +58,9 @@ def read_table(path: Path, *, filename: str | None) -> pa.Table:
             return pq.read_table(path, memory_map=True)
         return pacsv.read_csv(
             path,
-            convert_options=pacsv.ConvertOptions(column_types={ID: pa.string()}),
+            convert_options=pacsv.ConvertOptions(
+                column_types={name: pa.string() for name in (ID, *text_columns)}
+            ),
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
         raise _bad_file(f"cannot read the file: {exc}") from None
@@ -97,7 +102,7 @@ def ingest(path: Path, *, filename: str | None, schema: SchemaDeclaration | None
     """Validate the uploaded file and build the stored table: ``example_id``
     (string), numeric columns (float64), categorical columns (string).
     Raises :class:`InvalidInputError` listing every problem found."""
-    raw = read_table(path, filename=filename)
+    raw = read_table(path, filename=filename, text_columns=schema.categorical if schema else ())
     names = raw.column_names
     if ID not in names:
         raise _bad_file("the file has no example_id column", {"columns": names})

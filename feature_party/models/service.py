@@ -140,8 +140,10 @@ def predict_table(
 def predict_file(
     session: Session, settings: Settings, model_id: str, path: Path, filename: str | None
 ) -> Predictions:
-    ModelRepository(session).get(model_id)  # 404 before reading the file
-    return predict_table(session, settings, model_id, read_table(path, filename=filename))
+    predictor = _predictor(str(artifact_path(session, settings, model_id).resolve()))  # 404 first
+    categorical = predictor.preprocessing.categorical  # text, as at upload: 01234 stays 01234
+    table = read_table(path, filename=filename, text_columns=categorical)
+    return predict_table(session, settings, model_id, table)
 
 
 def predict_rows(

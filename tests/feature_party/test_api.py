@@ -435,3 +435,14 @@ def test_model_import_refuses_odd_ids_and_odd_answers(client: httpx.Client) -> N
         assert r.status_code == 422  # an id is one path segment, never a path
         r = client.post("/v1/models/import", headers=AUTH, json={**body, "training_id": "t-1"})
         assert r.status_code == 502 and r.json()["error"] == "labels_party_error", r.text
+
+
+def test_declared_categorical_csv_columns_are_read_as_text(tmp_path: Path) -> None:
+    from feature_party.feature_sets.ingest import ingest
+    from feature_party.feature_sets.schemas import SchemaDeclaration
+
+    path = tmp_path / "features.csv"
+    path.write_text("example_id,zip,age\na,01234,1\nb,00042,2\n")
+    schema = SchemaDeclaration(numeric=["age"], categorical=["zip"])
+    table = ingest(path, filename="features.csv", schema=schema).table
+    assert table.column("zip").to_pylist() == ["01234", "00042"]  # not 1234 and 42
