@@ -34,7 +34,7 @@ from feature_party.db import Database
 from feature_party.jobs.repository import JobRepository
 from feature_party.orm import FeatureSet, Model, ReceivedLabels, utcnow
 from feature_party.training import distributed
-from feature_party.training.loop import Interrupted, Progress
+from feature_party.training.loop import Interrupted, Progress, resolve_device
 from feature_party.training.runner import RunSpec, execute
 from shared.worker_loop import PollingWorker
 
@@ -166,6 +166,7 @@ class Worker(PollingWorker):
         return execute(spec, report=report)
 
     def _run_distributed(self, spec: RunSpec, job_dir: Path, shared: _Shared) -> dict[str, Any]:
+        resolve_device(spec.training)  # "asks for 2 GPUs; this worker has 0", not an exit code
         run_dir = job_dir / "run"
         proc = distributed.launch(run_dir, spec, processes=spec.training.world_size)
         try:

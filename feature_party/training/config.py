@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from feature_party.training.losses import CLASSIFICATION_LOSSES, LossName
 
-Device = Literal["auto", "cpu", "cuda"] | int
+#: A number of GPUs is a JSON integer ≥ 1 (strict: ``true`` and ``"2"`` are refused).
+Device = Literal["auto", "cpu", "cuda"] | Annotated[StrictInt, Field(ge=1)]
 
 
 class TrainingConfig(BaseModel):

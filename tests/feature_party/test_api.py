@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from feature_party.config import Settings
 from feature_party.db import Database
@@ -446,3 +447,24 @@ def test_declared_categorical_csv_columns_are_read_as_text(tmp_path: Path) -> No
     schema = SchemaDeclaration(numeric=["age"], categorical=["zip"])
     table = ingest(path, filename="features.csv", schema=schema).table
     assert table.column("zip").to_pylist() == ["01234", "00042"]  # not 1234 and 42
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a worker without GPUs")
+def test_a_job_asking_for_gpus_fails_saying_why(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    job = {**_three_class_rr_release(client, labels_party),
+           "task": "classification", "loss": "cross-entropy"}  # fmt: skip
+    for device in (True, "2", 0):  # not numbers of GPUs
+        r = client.post("/v1/jobs", headers=AUTH, json={**job, "device": device})
+        assert r.status_code == 422, device
+    r = client.post("/v1/jobs", headers=AUTH, json={**job, "device": 2})
+    assert r.status_code == 202, r.text
+    database = Database(settings.resolved_database_url)
+    try:
+        Worker(database, settings).run(once=True)
+    finally:
+        database.dispose()
+    failed = client.get(f"/v1/jobs/{r.json()['id']}", headers=AUTH).json()
+    assert failed["status"] == "failed"
+    assert failed["error"] == "ValueError: the job asks for CUDA but this worker has no GPU"
