@@ -40,6 +40,15 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
             },
         )
     config = body.training()
+    roles = feature_set.roles or {}
+    problem = config.input_problem(len(roles.get("numeric", [])), len(roles.get("categorical", [])))
+    if problem:
+        raise InvalidInputError(problem)
+    if matched - round(matched * config.validation_fraction) < 1:
+        raise InvalidInputError(
+            f"validation_fraction {config.validation_fraction:g} of the {matched} joined "
+            "examples leaves none to train on"
+        )
     if config.init_model_id is not None:
         ModelRepository(session).get(config.init_model_id)  # 404 for an unknown model
     released_task = labels.manifest.get("task")

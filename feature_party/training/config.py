@@ -83,6 +83,21 @@ class TrainingConfig(BaseModel):
             raise ValueError("hidden layer widths must be positive")
         return self
 
+    def input_problem(self, numeric: int, categorical: int) -> str | None:
+        """Why this model cannot read ``numeric`` + ``categorical`` columns, or None.
+        Checked when a job is submitted and again when the model is built."""
+        if self.architecture != "cnn":
+            return None
+        channels, height, width = self.image_shape
+        pixels = channels * height * width
+        if categorical or numeric != pixels:
+            return (
+                f"the cnn reads {channels}×{height}×{width} = {pixels} numeric pixel columns "
+                f"and no categorical ones; the feature set gives {numeric} numeric and "
+                f"{categorical} categorical"
+            )
+        return None
+
     @property
     def world_size(self) -> int:
         """How many training processes the job runs."""

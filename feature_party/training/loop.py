@@ -109,12 +109,9 @@ def resolve_device(config: TrainingConfig, local_rank: int = 0) -> torch.device:
 def _image_model(data: TrainingData, config: TrainingConfig) -> ImageCNN:
     pre = data.preprocessing
     channels, height, width = config.image_shape
-    if pre.categorical or len(pre.numeric) != channels * height * width:
-        raise ValueError(
-            f"the cnn reads {channels}×{height}×{width} = {channels * height * width} numeric "
-            f"pixel columns and no categorical ones; the feature set gives "
-            f"{len(pre.numeric)} numeric and {len(pre.categorical)} categorical"
-        )
+    problem = config.input_problem(len(pre.numeric), len(pre.categorical))
+    if problem:
+        raise ValueError(problem)
     return ImageCNN(
         ImageCNNConfig(channels=channels, height=height, width=width, outputs=data.loss.outputs)
     )

@@ -468,3 +468,14 @@ def test_a_job_asking_for_gpus_fails_saying_why(
     failed = client.get(f"/v1/jobs/{r.json()['id']}", headers=AUTH).json()
     assert failed["status"] == "failed"
     assert failed["error"] == "ValueError: the job asks for CUDA but this worker has no GPU"
+
+
+def test_configs_that_could_only_fail_in_the_worker_are_422(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    job = {**_three_class_rr_release(client, labels_party),
+           "task": "classification", "loss": "cross-entropy"}  # fmt: skip
+    r = client.post("/v1/jobs", headers=AUTH, json={**job, "architecture": "cnn"})
+    assert r.status_code == 422 and "the cnn reads 1×28×28 = 784" in r.json()["message"]
+    r = client.post("/v1/jobs", headers=AUTH, json={**job, "validation_fraction": 0.99})
+    assert r.status_code == 422 and "leaves none to train on" in r.json()["message"]
