@@ -556,7 +556,10 @@ def _training_watch(args: argparse.Namespace) -> int:
             f"δ = {accounting.get('delta'):.3g}, σ = {accounting.get('noise_multiplier'):.4g})"
         )
         return 0
-    print(f"{training['status']}: {training.get('error')}", file=sys.stderr)
+    why = training.get("error") or (
+        "cancelled by request" if training["status"] == "cancelled" else ""
+    )
+    print(f"{training['status']}: {why}".rstrip(": "), file=sys.stderr)
     return 1
 
 

@@ -131,7 +131,13 @@ def predict_table(
     except (ValueError, pa.ArrowInvalid) as exc:
         raise InvalidInputError(f"cannot preprocess the rows: {exc}") from None
     if "example_id" in table.column_names:
-        ids = pc.cast(table.column("example_id"), pa.string()).to_pylist()
+        id_column = pc.cast(table.column("example_id"), pa.string())
+        if id_column.null_count:
+            raise InvalidInputError(
+                "example_id is missing in some rows: give it in every row or in none",
+                detail={"rows_without_example_id": id_column.null_count},
+            )
+        ids = id_column.to_pylist()
     else:
         ids = [str(i) for i in range(table.num_rows)]
     return Predictions(example_id=ids, prediction=predictions.tolist())

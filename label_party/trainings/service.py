@@ -214,7 +214,9 @@ def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, 
     if spec.denoiser == "alt-conv" and spec.alt_batch_size > n:
         # ALTCONV draws its n₂ projection examples from the same n.
         raise InvalidRequestError(
-            f"alt_batch_size must not exceed the {n} labelled examples the features cover"
+            f"alt_batch_size ({spec.alt_batch_size}: alt-conv's n₂ projection examples, "
+            f"default 64) must not exceed the {n} labelled examples the features cover; "
+            "set a smaller one in the spec"
         )
     delta = delta_units(spec.delta) if spec.delta is not None else DELTA_SCALE // n
     data = spec.model_dump(mode="json", exclude={"idempotency_key"})

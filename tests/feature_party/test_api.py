@@ -229,6 +229,9 @@ def test_receive_train_predict(
     r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": bad})
     assert r.status_code == 422 and "s3cr3t" not in r.text
     assert r.json()["message"].endswith("column 'x0' holds a value that is not a number (row 2)")
+    partial = [dict(rows[0]), {k: v for k, v in rows[1].items() if k != "example_id"}]
+    r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": partial})
+    assert r.status_code == 422 and r.json()["detail"] == {"rows_without_example_id": 1}
 
     artifact = client.get(f"/v1/models/{model_id}/artifact", headers=AUTH)
     assert artifact.status_code == 200
