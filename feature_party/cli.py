@@ -57,9 +57,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "token, LABELDP_ADMIN_TOKEN.",
     )
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    handlers = {"get": run_jobs_get, "watch": run_jobs_watch, "cancel": run_jobs_cancel}
     for name, help_ in (
         ("get", "print a job as JSON"),
         ("watch", "show a progress bar until done"),
+        ("cancel", "cancel a queued or running job (its worker stops at the next step)"),
     ):
         p = jobs_sub.add_parser(name, help=help_)
         p.add_argument("job_id")
@@ -69,7 +71,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             help="service URL (env LABELDP_FEATURE_PARTY_URL)",
         )
         p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
-        p.set_defaults(handler=run_jobs_get if name == "get" else run_jobs_watch)
+        p.set_defaults(handler=handlers[name])
 
     _register_multistage(sub)
     _register_models(sub)
@@ -278,6 +280,11 @@ def progress_line(job: dict[str, Any], width: int = 30) -> str:
             parts.append(f"ETA {eta // 60}:{eta % 60:02d}")
     parts.append(job["status"])
     return "  ".join(parts)
+
+
+def run_jobs_cancel(args: argparse.Namespace) -> int:
+    print(json.dumps(_call("DELETE", args.url, f"/v1/jobs/{args.job_id}"), indent=2))
+    return 0
 
 
 def run_jobs_watch(args: argparse.Namespace) -> int:

@@ -22,13 +22,16 @@ from feature_party.training.data import ColumnRoles
 def parse_schema(text: str | None) -> SchemaDeclaration | None:
     if text is None or not text.strip():
         return None
+    message = 'schema must be JSON {"numeric": [...], "categorical": [...]}'
     try:
         return SchemaDeclaration.model_validate(json.loads(text))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise InvalidInputError(
-            'schema must be JSON {"numeric": [...], "categorical": [...]}',
-            detail=str(exc),
-        ) from None
+    except json.JSONDecodeError as exc:
+        detail = [{"loc": ["schema"], "msg": f"not JSON: {exc.msg}"}]
+        raise InvalidInputError(message, detail=detail) from None
+    except ValidationError as exc:
+        # The same shape as any other 422 here: where, and what is wrong.
+        detail = [{"loc": ["schema", *map(str, e["loc"])], "msg": e["msg"]} for e in exc.errors()]
+        raise InvalidInputError(message, detail=detail) from None
 
 
 def create(

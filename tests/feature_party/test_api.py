@@ -18,7 +18,14 @@ import torch
 from feature_party.config import Settings
 from feature_party.db import Database
 from feature_party.jobs.worker import Worker
-from tests.feature_party.conftest import AUTH, csv_bytes, make_settings, running_service, synthetic
+from tests.feature_party.conftest import (
+    ADMIN,
+    AUTH,
+    csv_bytes,
+    make_settings,
+    running_service,
+    synthetic,
+)
 from tests.feature_party.fake_labels_party import TOKEN, FakeLabelsParty, free_port
 
 
@@ -140,6 +147,19 @@ def test_bad_feature_files_are_422_with_reasons(
     body = r.json()
     assert body["error"] == "bad_file"
     assert expected in body["detail"]
+
+
+def test_a_bad_schema_says_where(client: httpx.Client) -> None:
+    files = {"file": ("f.csv", "example_id,a\n1,2\n")}
+    r = client.post("/v1/feature-sets", headers=AUTH, files=files,
+                    data={"schema": '{"numeric": "a", "categorial": []}'})  # fmt: skip
+    assert r.status_code == 422
+    assert [d["loc"] for d in r.json()["detail"]] == [
+        ["schema", "numeric"],
+        ["schema", "categorial"],
+    ]
+    r = client.post("/v1/feature-sets", headers=AUTH, files=files, data={"schema": "{"})
+    assert r.json()["detail"][0]["msg"].startswith("not JSON")
 
 
 def test_unreadable_and_oversized_files(tmp_path: Path, client: httpx.Client) -> None:
@@ -390,6 +410,28 @@ def test_cancel_a_queued_job(client: httpx.Client, labels_party: FakeLabelsParty
     r = client.delete(f"/v1/jobs/{job['id']}", headers=AUTH)
     assert r.status_code == 200
     assert r.json()["status"] == "cancelled"
+
+
+def test_the_cli_cancels_a_job(
+    client: httpx.Client,
+    labels_party: FakeLabelsParty,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from labeldp.cli import main
+
+    data = synthetic(100)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    fs = upload(client, data.features)
+    received = receive(client, labels_party, fs["id"]).json()
+    body = {"feature_set_id": fs["id"], "labels_id": received["id"]}
+    job = client.post("/v1/jobs", headers=AUTH, json=body).json()
+    monkeypatch.setenv("LABELDP_ADMIN_TOKEN", ADMIN)
+    command = ["feature-party", "jobs", "cancel", job["id"], "--url", str(client.base_url)]
+    assert main(command) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
+    assert main(command) == 2  # already cancelled
+    assert "job_finished" in capsys.readouterr().err
 
 
 def test_invalid_job_config_is_422(client: httpx.Client) -> None:
