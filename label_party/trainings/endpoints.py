@@ -15,6 +15,20 @@ from label_party.labels.validation import file_format
 from label_party.trainings import service
 from label_party.trainings.schemas import TrainingRead
 
+#: A spec is a small JSON object; a larger "spec" part is a mistake, not a spec.
+MAX_SPEC_BYTES = 64 * 1024
+
+
+async def _spec_text(part: UploadFile) -> str:
+    data = await part.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise InvalidRequestError(f"the spec is over {MAX_SPEC_BYTES // 1024} KiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequestError("the spec is not UTF-8 JSON") from None
+
+
 router = APIRouter(tags=["trainings"])
 
 TRAINING_BODY = multipart_body(
@@ -52,12 +66,15 @@ async def create_training(
     principal: PrincipalDep,
 ) -> TrainingRead:
     require(principal, "admin", "client")
-    form = await request.form(max_files=1, max_fields=10)
+    # Two files at most: curl's -F spec=@spec.json sends the spec as one.
+    form = await request.form(max_files=2, max_fields=10)
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise InvalidRequestError("the multipart field 'file' is required")
         raw_spec = form.get("spec")
+        if isinstance(raw_spec, UploadFile):
+            raw_spec = await _spec_text(raw_spec)
         spec = service.parse_spec(raw_spec if isinstance(raw_spec, str) else None)
         fmt = file_format(upload.filename, upload.content_type)
         source = upload.file

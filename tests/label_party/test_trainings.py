@@ -648,3 +648,17 @@ def test_feature_files_that_would_train_on_guesses_are_refused(
                architecture="mlp")  # fmt: skip
     assert r.status_code == 422 and r.json()["detail"] == {"empty_columns": ["z"]}
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
+
+
+def test_the_spec_may_come_as_a_file_part(server: Server, granted: Any) -> None:
+    """``curl -F spec=@spec.json`` sends the spec as a file; it is read like the field."""
+    _admin, client, dataset_id, ids, labels = granted
+    url = f"/v1/datasets/{dataset_id}/trainings"
+    features = ("features.parquet", tabular(ids, labels))
+    bad = client.post(
+        url, files={"file": features, "spec": ("spec.json", b'{"epsilon": 1, "x": 2}')}
+    )
+    assert bad.status_code == 422 and bad.json()["message"] == "invalid training spec"
+    spec = json.dumps({"epsilon": 1, **CHEAP, "idempotency_key": "as-a-file"}).encode()
+    r = client.post(url, files={"file": features, "spec": ("spec.json", spec)})
+    assert r.status_code == 201, r.text
