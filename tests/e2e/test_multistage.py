@@ -79,17 +79,21 @@ def _parts_spent(services: Services, dataset_id: str) -> dict[str, Decimal]:
     return {p["name"]: Decimal(str(p["epsilon_spent"])) for p in budget["parts"]}
 
 
-def _wait(services: Services, run_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 240
+def _ended(services: Services, run_id: str, timeout: float = 240) -> dict[str, Any]:
+    """The run once it is no longer running."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         run = ok(services.features.get(f"/v1/multistage/{run_id}"), 200)
         if run["status"] != "running":
-            assert run["status"] == "succeeded", (
-                f"{run['status']}: {run['error']}; logs in {services.logs}"
-            )
             return run
         time.sleep(0.3)
     raise AssertionError(f"the run did not finish; logs in {services.logs}")
+
+
+def _wait(services: Services, run_id: str) -> dict[str, Any]:
+    run = _ended(services, run_id)
+    assert run["status"] == "succeeded", f"{run['status']}: {run['error']}; logs in {services.logs}"
+    return run
 
 
 def test_three_stages_charge_each_part_once(services: Services) -> None:
@@ -194,12 +198,7 @@ def test_what_would_waste_epsilon_is_refused_before_any_spend(services: Services
             dataset_id, parquet_bytes(pa.table({"example_id": ids, "part": parts}))
         )
     started = ok(services.features.post("/v1/multistage", json=body), 202)
-    deadline = time.monotonic() + 60
-    while (run := ok(services.features.get(f"/v1/multistage/{started['id']}"), 200))[
-        "status"
-    ] == "running":
-        assert time.monotonic() < deadline, f"logs in {services.logs}"
-        time.sleep(0.2)
+    run = _ended(services, started["id"], timeout=60)
     assert run["status"] == "failed" and "another partition plan" in run["error"]
     assert set(_parts_spent(services, dataset_id).values()) == {Decimal(0)}
 
@@ -231,15 +230,9 @@ def test_resume_trains_a_failed_stage_again_without_paying_twice(services: Servi
                 f"/v1/multistage/{run_id}/resume", json={"token": token}
             )
             assert resumed.status_code == 202, resumed.text
-        deadline = time.monotonic() + 120
-        while (run := ok(services.features.get(f"/v1/multistage/{run_id}"), 200))[
-            "status"
-        ] == "running":
-            assert time.monotonic() < deadline, f"logs in {services.logs}"
-            time.sleep(0.3)
-        assert run["status"] == "failed" and "resume to train it again" in run["error"], run[
-            "error"
-        ]
+        run = _ended(services, run_id, timeout=120)
+        assert run["status"] == "failed", run["error"]
+        assert "resume to train it again" in run["error"], run["error"]
         stage = run["stages"][0]
         assert stage["job_id"] is None and len(stage["failed_jobs"]) == attempt
         failed_jobs = stage["failed_jobs"]
