@@ -400,7 +400,12 @@ def _options() -> argparse.Namespace:
         nargs="+",
         help="privacy budgets; inf: the noise-free ablation (σ = 0, not private)",
     )
-    parser.add_argument("--seeds", type=int, help="seeds 0..N-1 (default 3)")
+    parser.add_argument("--seeds", type=int, help="how many seeds, from --first-seed (default 3)")
+    parser.add_argument(
+        "--first-seed", type=int, default=0,
+        help="start the seeds here: --first-seed 2 --seeds 1 runs seed 2 only (to add a "
+        "seed to a table without running the others again)",
+    )  # fmt: skip
     parser.add_argument(
         "--methods", nargs="+", choices=METHODS, default=list(METHODS), help="subset to run"
     )
@@ -429,8 +434,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         "learning_rate": args.learning_rate,
         "alt_batch_size": args.alt_batch_size,
         "epsilons": tuple(args.epsilons) if args.epsilons else None,
-        "seeds": tuple(range(args.seeds)) if args.seeds else None,
     }
+    count = args.seeds or len(s.seeds)
+    overrides["seeds"] = tuple(range(args.first_seed, args.first_seed + count))
     return replace(s, **{k: v for k, v in overrides.items() if v is not None}, device=args.device)
 
 
