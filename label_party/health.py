@@ -4,7 +4,10 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
+from label_party.auth import require
 from label_party.db import Database, transaction
+from label_party.deps import PrincipalDep
+from label_party.exception_handlers import responses
 from label_party.observability import scrape
 from shared.errors import error_response
 
@@ -27,6 +30,14 @@ def readyz(request: Request) -> Response:
     return Response('{"status": "ready"}', media_type="application/json")
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-def metrics(request: Request) -> Response:
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (admin, auditor)",
+    response_class=Response,
+    responses=responses(401, 403),
+)
+def metrics(request: Request, principal: PrincipalDep) -> Response:
+    # It names every dataset and its spend; a client may not even learn that a
+    # dataset it was not granted exists. Prometheus sends a bearer token.
+    require(principal, "admin", "auditor")
     return Response(scrape(request.app.state.db), media_type=CONTENT_TYPE_LATEST)

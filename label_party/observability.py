@@ -34,6 +34,7 @@ RELEASES = Counter(
 )
 
 access_log = logging.getLogger("label_party.access")
+log = logging.getLogger("label_party.metrics")
 
 
 class EpsilonSpentCollector(Collector):
@@ -55,10 +56,19 @@ class EpsilonSpentCollector(Collector):
         gauge = GaugeMetricFamily(
             "labeldp_epsilon_spent", "ε spent per dataset (worst part)", labels=["dataset_id"]
         )
-        with transaction(self.db.reader) as session:
-            for dataset_id in datasets_repository.all_ids(session):
-                eps, _delta = spend_of(session, dataset_id).worst(None)
-                gauge.add_metric([dataset_id], float(epsilon_decimal(eps)))
+        up = GaugeMetricFamily("labeldp_ledger_up", "1 if the ledger could be read for this scrape")
+        try:
+            with transaction(self.db.reader) as session:
+                for dataset_id in datasets_repository.all_ids(session):
+                    eps, _delta = spend_of(session, dataset_id).worst(None)
+                    gauge.add_metric([dataset_id], float(epsilon_decimal(eps)))
+        except Exception:  # the database is down: the process's counters still count
+            log.exception("metrics: cannot read the ledger")
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
         yield gauge
 
 

@@ -532,9 +532,9 @@ def score(task: str, predicted: np.ndarray, true: np.ndarray) -> float:
 
 def _open_dataset(
     services: Services, setup: Setup, seed: int, train_rows: np.ndarray
-) -> tuple[str, str]:
+) -> tuple[str, str, str]:
     """As the advertiser: a fresh dataset with budget ε holding the seed's training
-    labels, and a client granted it → ``(dataset_id, client token)``."""
+    labels, and a client granted it → ``(dataset_id, client id, client token)``."""
     data, endpoints = setup.data, services.endpoints
     with LabelsPartyClient(endpoints.labels_url, endpoints.labels_admin_token) as advertiser:
         # δ = 1/n for the central methods (DP-SGD); the others spend no δ.
@@ -546,7 +546,7 @@ def _open_dataset(
         advertiser.upload_labels(dataset["id"], parquet_bytes(data.labels_table(train_rows)))
         client = advertiser.create_client(name=f"experiment seed {seed}", role="client")
         advertiser.create_grant(dataset["id"], client_id=client["id"])
-    return str(dataset["id"]), str(client["token"])
+    return str(dataset["id"]), str(client["id"]), str(client["token"])
 
 
 def _one_seed(
@@ -555,20 +555,25 @@ def _one_seed(
     data, metric = setup.data, metric_of(setup.data.task)
     train_rows, test_rows = data.split(seed=seed, test_fraction=TEST_FRACTION)
     # The labels go first: if the labels party refuses them, no features are left behind.
-    dataset_id, token = _open_dataset(services, setup, seed, train_rows)
-    feature_set = services.feature_set(data, say=say)
-    say(f"seed {seed}: dataset {dataset_id} (ε budget {setup.epsilon:g}), "
-        f"{train_rows.size} training labels; {setup.method}")  # fmt: skip
-    ctx = SeedContext(services, setup, seed, train_rows, test_rows, dataset_id, token,
-                      feature_set, say)  # fmt: skip
-    played = (METHODS[setup.method].play or release_and_train)(ctx)
+    dataset_id, client_id, token = _open_dataset(services, setup, seed, train_rows)
+    try:
+        feature_set = services.feature_set(data, say=say)
+        say(f"seed {seed}: dataset {dataset_id} (ε budget {setup.epsilon:g}), "
+            f"{train_rows.size} training labels; {setup.method}")  # fmt: skip
+        ctx = SeedContext(services, setup, seed, train_rows, test_rows, dataset_id, token,
+                          feature_set, say)  # fmt: skip
+        played = (METHODS[setup.method].play or release_and_train)(ctx)
+        mechanism: float | None = None
+        if played.release_id is not None:
+            release = released_labels(services.endpoints, token, played.release_id)
+            rows = align(release.column("example_id"), data.example_id)
+            noisy = np.asarray(release.column("label").to_numpy(), dtype=np.float64)
+            mechanism = score(data.task, noisy, data.labels[rows])
+    finally:  # the seed's token dies with it: nothing stays valid at the labels party
+        with LabelsPartyClient(services.endpoints.labels_url,
+                               services.endpoints.labels_admin_token) as advertiser:  # fmt: skip
+            advertiser.delete_client(client_id)
     test = score(data.task, played.predictions, data.labels[test_rows])
-    mechanism: float | None = None
-    if played.release_id is not None:
-        release = released_labels(services.endpoints, token, played.release_id)
-        rows = align(release.column("example_id"), data.example_id)
-        noisy = np.asarray(release.column("label").to_numpy(), dtype=np.float64)
-        mechanism = score(data.task, noisy, data.labels[rows])
     with LabelsPartyClient(services.endpoints.labels_url,
                            services.endpoints.labels_admin_token) as advertiser:  # fmt: skip
         spent = float(advertiser.get_budget(dataset_id)["epsilon_spent"])

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -85,6 +86,18 @@ def test_non_private_equals_the_baseline(
     assert result["test"]["mse"] == pytest.approx(baseline)
 
 
+def _revocations(endpoints: Endpoints) -> int:
+    """``client.revoked`` entries in the labels party's whole audit chain."""
+    count, after = 0, 0
+    headers = {"Authorization": f"Bearer {endpoints.labels_admin_token}"}
+    while after is not None:
+        page = httpx.get(f"{endpoints.labels_url}/v1/audit", headers=headers,
+                         params={"after": after, "limit": 1000}).json()  # fmt: skip
+        count += sum(e["action"] == "client.revoked" for e in page["entries"])
+        after = page["next_after"]
+    return count
+
+
 def _own_files(data: Dataset, directory: Path, domain: dict[str, Any]) -> list[str]:
     """``data`` written as the user's two files → the experiment's options for them."""
     pq.write_table(data.labels_table(), directory / "labels.parquet")
@@ -101,7 +114,10 @@ def test_own_files(
     argv = [*_own_files(data, tmp_path, data.label_domain),
             "--categorical", ",".join(data.categorical),
             "--method", "rr-on-bins", "--epsilon", "2", "--epochs", "2", "--json"]  # fmt: skip
+    revoked_before = _revocations(endpoints)
     result = _run(argv, endpoints, capsys)
+    # Each seed's client token is revoked when the seed ends: none stays valid.
+    assert _revocations(endpoints) - revoked_before == result["seeds"]
     assert result["dataset"] == "labels" and result["examples"] == len(data)
     assert result["epsilon_spent"] == pytest.approx(2.0)
     assert 0 < result["mechanism_mse"] < np.var(data.labels) * 10

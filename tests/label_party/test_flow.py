@@ -114,7 +114,9 @@ def test_whole_flow(server: Server) -> None:
 
     releases = client.get(f"/v1/datasets/{ds}/releases").json()
     assert len(releases) == 10
-    metrics = server.client(None).get("/metrics").text
+    assert server.client(None).get("/metrics").status_code == 401
+    metrics = admin.get("/metrics").text
+    assert "labeldp_ledger_up 1.0" in metrics
     assert f'labeldp_epsilon_spent{{dataset_id="{ds}"}} 1.0' in metrics
     assert "labeldp_releases_total" in metrics
     assert server.client(None).get("/readyz").status_code == 200
@@ -229,6 +231,19 @@ def test_non_finite_and_huge_amounts_say_what_is_wrong(server: Server) -> None:
             "epsilon_budget": 1e7}  # fmt: skip
     r = admin.post("/v1/datasets", json=body)
     assert r.status_code == 422 and "at most 4611686.018427387904" in r.json()["message"]
+
+
+def test_metrics_still_count_when_the_ledger_cannot_be_read(tmp_path: Path) -> None:
+    from label_party.db import connect
+    from label_party.observability import scrape
+
+    db = connect(f"sqlite:///{tmp_path / 'missing' / 'ledger.sqlite3'}")  # no such directory
+    try:
+        text = scrape(db).decode()
+    finally:
+        db.dispose()
+    assert "labeldp_ledger_up 0.0" in text and "labeldp_requests_total" in text
+    assert "labeldp_epsilon_spent{" not in text
 
 
 def test_metrics_read_the_ledger_of_their_own_app(tmp_path: Path) -> None:
