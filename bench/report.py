@@ -36,8 +36,9 @@ import httpx
 
 from bench.report_render import render
 from feature_party.client import LabelsPartyError
-from labeldp.datasets import Dataset, load
+from labeldp.datasets import LOADERS, Dataset, load
 from labeldp.experiment import (
+    METHODS,
     REGRESSION,
     Services,
     Setup,
@@ -196,7 +197,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--force", action="store_true", help="rerun configurations already stored")
     p.add_argument("--render-only", action="store_true", help="only re-render from the JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    _check_args(p, args)
+    return args
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every name and count up front: a typo must not surface hours into a sweep."""
+    unknown = [d for d in args.datasets or [] if d not in LOADERS]
+    if unknown:
+        p.error(f"unknown dataset(s) {', '.join(unknown)}; known: {', '.join(sorted(LOADERS))}")
+    unknown = [m for m in args.methods or [] if m not in METHODS]
+    if unknown:
+        p.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    for item in args.max_examples or []:
+        dataset, _, count = item.partition("=")
+        if dataset not in LOADERS or not count.isdigit() or int(count) < 1:
+            p.error(f"--max-examples expects DATASET=N with a known dataset, got {item!r}")
+    if args.quick and (args.methods or args.epsilons or args.max_examples):
+        p.error("--quick sets its own methods, ε and rows; drop --methods, --epsilons and "
+                "--max-examples, or drop --quick")  # fmt: skip
 
 
 def _stop_on_term(signum: int, frame: object) -> None:
@@ -233,10 +253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _rendered(plan: Plan) -> list[str]:
-    """The datasets to render: those asked for, and any others already stored."""
+    """The datasets to render: those asked for and any others already stored, in
+    the sweep's order (so a narrower rerun does not reorder the report)."""
     found = sorted(p.name for p in plan.results.iterdir() if p.is_dir() and p.name != "quick") \
         if plan.results.is_dir() else []  # fmt: skip
-    return list(dict.fromkeys([*plan.datasets, *found]))
+    wanted = {*plan.datasets, *found}
+    return [d for d in DATASETS if d in wanted] + sorted(wanted - set(DATASETS))
 
 
 __all__ = ["EPSILONS", "REGRESSION", "Plan", "config_path", "main", "sweep_dataset"]

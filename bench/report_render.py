@@ -290,6 +290,9 @@ def _section(results: Path, report: Path, dataset: str, epsilons: Sequence[float
     out = [f"## {dataset}", ""]
     if not done:
         return [*out, "Not run yet.", ""]
+    # The sweep's ε and every ε already stored: a narrower rerun (--epsilons 0.5 1)
+    # adds its cells without dropping the columns the report had.
+    epsilons = sorted({*epsilons, *(e for _method, e in done)})
     any_result = next(iter(done.values()))
     task = str(any_result.get("task", "regression"))
     methods = methods_for(task)

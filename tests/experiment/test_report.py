@@ -117,6 +117,31 @@ def test_render(tmp_path: Path) -> None:
     assert "](results/toy.png)" in text
 
 
+def test_a_narrower_render_keeps_every_stored_epsilon(tmp_path: Path) -> None:
+    results, report = tmp_path / "results", tmp_path / "REPORT.md"
+    _fixture(results)
+    render(results, report, datasets=["toy"], command="python -m bench.report",
+           max_examples={}, epsilons=[1.0])  # fmt: skip
+    assert "| method | ε = 0.5 | ε = 1 | ε = ∞ |" in report.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--datasets", "bogus"], "unknown dataset(s) bogus"),
+        (["--methods", "bogus"], "unknown method(s) bogus"),
+        (["--max-examples", "census-weeks"], "--max-examples expects DATASET=N"),
+        (["--quick", "--epsilons", "1"], "--quick sets its own"),
+    ],
+)
+def test_bad_arguments_stop_before_anything_runs(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--render-only"])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sweep_is_incremental(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--datasets", "rand-hie-spend", "--methods", "non-private", "--epsilons", "inf",
