@@ -269,6 +269,21 @@ def _register_client_commands(
         help="mechanism option, e.g. clip=true (repeatable; VALUE is JSON)",
     )  # fmt: skip
     p.set_defaults(handler=_release)
+    p = add("create-client", "create a client or auditor; prints its token (shown once)")
+    p.add_argument("--name", required=True, help="who it is for (kept in the audit log)")
+    p.add_argument(
+        "--role", choices=["client", "auditor"], default="client",
+        help="client: releases and trainings of granted datasets; auditor: reads budgets "
+        "and the audit log (default: client)",
+    )  # fmt: skip
+    p.set_defaults(handler=_create_client)
+    p = add("grant", "let a client use a dataset")
+    p.add_argument("dataset", help="the dataset's id")
+    p.add_argument("client", help="the client's id")
+    p.set_defaults(handler=_grant)
+    p = add("revoke-client", "revoke a client's token (its releases stay spent)")
+    p.add_argument("client", help="the client's id")
+    p.set_defaults(handler=_revoke_client)
     p = add("download", "download a release's noisy labels")
     p.add_argument("release")
     p.add_argument("--output", type=Path, required=True)
@@ -372,6 +387,20 @@ def _write_output(path: Path, content: bytes) -> None:
         path.write_bytes(content)
     except OSError as exc:
         raise CommandError(f"cannot write --output {path}: {exc.strerror}") from None
+
+
+def _create_client(args: argparse.Namespace) -> int:
+    body = {"name": args.name, "role": args.role}
+    return _print(_request(args, "POST", "/v1/clients", json=body))
+
+
+def _grant(args: argparse.Namespace) -> int:
+    body = {"client_id": args.client}
+    return _print(_request(args, "POST", f"/v1/datasets/{args.dataset}/grants", json=body))
+
+
+def _revoke_client(args: argparse.Namespace) -> int:
+    return _print(_request(args, "DELETE", f"/v1/clients/{args.client}"))
 
 
 def _budget(args: argparse.Namespace) -> int:

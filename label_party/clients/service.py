@@ -23,7 +23,7 @@ def create(session: Session, principal: Principal, *, name: str, role: str) -> t
         session,
         actor=principal.id,
         action="client.created",
-        payload={"client_id": client.id, "role": role},
+        payload={"client_id": client.id, "role": role, "name": name},
     )
     return client, token
 

@@ -51,6 +51,18 @@ def test_operator_commands(
     assert main(["label-party", "download", manifest["id"], "--output", nowhere, *common]) == 2
     assert "cannot write --output" in capsys.readouterr().err
     assert run("budget", ds)["epsilon_remaining"] == 0.6
+    # Clients and grants without curl; the audit log keeps who a client is for.
+    client = run("create-client", "--name", "publisher-cli")
+    assert client["token"] and run("grant", ds, client["id"])["client_id"] == client["id"]
+    client_common = ["--url", server.url, "--token", client["token"]]
+    assert main(["label-party", "budget", ds, *client_common]) == 0
+    assert json.loads(capsys.readouterr().out)["epsilon_remaining"] == 0.6
+    run("revoke-client", client["id"])
+    assert main(["label-party", "budget", ds, *client_common]) == 2
+    assert "unauthorized" in capsys.readouterr().err
+    entries = server.client().get("/v1/audit", params={"limit": 1000}).json()["entries"]
+    created = [e["payload"] for e in entries if e["action"] == "client.created"]
+    assert {"client_id": client["id"], "role": "client", "name": "publisher-cli"} in created
     assert run("verify-audit")["ok"] is True
     assert (
         main(["label-party", "release", ds, "--mechanism", "laplace", "--epsilon", "0.7", *common])
