@@ -7,15 +7,14 @@ the ``labeldp`` parser; ``python -m feature_party`` runs the same commands alone
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import logging
 import math
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import httpx
 
 from feature_party.config import Settings, get_settings
 from shared.settings_help import add_serve_command, settings_epilog
+from shared.worker_loop import WorkerBusyError, single_sqlite_worker
 
 
 class CommandError(Exception):
@@ -203,7 +203,10 @@ def run_worker(args: argparse.Namespace) -> int:
     url = settings.resolved_database_url
     with ExitStack() as stack:
         if url.startswith("sqlite"):
-            stack.enter_context(_single_sqlite_worker(settings.data_dir))
+            try:
+                stack.enter_context(single_sqlite_worker(settings.data_dir))
+            except WorkerBusyError as exc:
+                raise CommandError(str(exc)) from None
         database = Database(url)
         stack.callback(database.dispose)
         migrate(database.engine)
@@ -211,21 +214,6 @@ def run_worker(args: argparse.Namespace) -> int:
         worker.install_signal_handlers()
         worker.run(once=args.once)
     return 0
-
-
-@contextmanager
-def _single_sqlite_worker(data_dir: Path) -> Iterator[None]:
-    """SQLite serializes every write: allow one worker per database (the lock is
-    the OS's, so a killed worker releases it)."""
-    with (data_dir / "worker.lock").open("w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CommandError(
-                "another worker already serves this SQLite database; "
-                "use Postgres (LABELDP_DATABASE_URL) for several workers"
-            ) from None
-        yield
 
 
 def _call(method: str, url: str, path: str, body: Any = None) -> dict[str, Any]:

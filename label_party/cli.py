@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from label_party.config import Settings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import MECHANISMS
 from shared.settings_help import add_serve_command, settings_epilog
+from shared.worker_loop import WorkerBusyError, single_sqlite_worker
 
 
 class CommandError(Exception):
@@ -192,14 +194,19 @@ def run_worker(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     configure_logging(settings.log_level)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    db = connect(settings.resolved_database_url)
-    try:
+    url = settings.resolved_database_url
+    with ExitStack() as stack:
+        if url.startswith("sqlite"):
+            try:
+                stack.enter_context(single_sqlite_worker(settings.data_dir))
+            except WorkerBusyError as exc:
+                raise CommandError(str(exc)) from None
+        db = connect(url)
+        stack.callback(db.dispose)
         migrate(db.engine)
         worker = Worker(db, settings, worker_id=args.worker_id)
         worker.install_signal_handlers()
         worker.run(once=args.once)
-    finally:
-        db.dispose()
     return 0
 
 

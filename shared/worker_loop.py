@@ -7,6 +7,7 @@ worker checks it while running an item and gives the item back to the queue.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
@@ -14,11 +15,33 @@ import socket
 import threading
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-__all__ = ["PollingWorker", "default_worker_id"]
+__all__ = ["PollingWorker", "WorkerBusyError", "default_worker_id", "single_sqlite_worker"]
 
 log = logging.getLogger("labeldp.worker")
+
+
+class WorkerBusyError(RuntimeError):
+    """Another worker already serves this SQLite database."""
+
+
+@contextmanager
+def single_sqlite_worker(data_dir: Path) -> Iterator[None]:
+    """SQLite serializes every write: allow one worker per database (the lock is
+    the OS's, so a killed worker releases it)."""
+    with (data_dir / "worker.lock").open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise WorkerBusyError(
+                "another worker already serves this SQLite database; "
+                "use Postgres (LABELDP_DATABASE_URL) for several workers"
+            ) from None
+        yield
 
 
 def default_worker_id() -> str:

@@ -5,40 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from feature_party.cli import progress_line
 from tests.feature_party.conftest import ADMIN
-
-
-def test_a_second_sqlite_worker_is_refused(tmp_path: Path) -> None:
-    env = {**os.environ, "LABELDP_DATA_DIR": str(tmp_path), "LABELDP_ADMIN_TOKEN": ADMIN}
-    env.pop("LABELDP_DATABASE_URL", None)
-    first = subprocess.Popen(
-        [sys.executable, "-m", "feature_party", "worker"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "feature-party.db").exists():  # migrated: the lock is held
-            assert time.monotonic() < deadline and first.poll() is None
-            time.sleep(0.1)
-        second = subprocess.run(
-            [sys.executable, "-m", "feature_party", "worker", "--once"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert second.returncode == 2
-        assert "another worker" in second.stderr
-    finally:
-        first.terminate()
-        first.wait(timeout=30)
-    assert first.returncode == 0
 
 
 def test_progress_line() -> None:
