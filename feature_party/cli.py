@@ -13,8 +13,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import httpx
 
 from feature_party.config import Settings, get_settings
 from shared.settings_help import add_serve_command, settings_epilog
-from shared.worker_loop import WorkerBusyError, single_sqlite_worker
+from shared.worker_loop import WorkerBusyError, run_queue_worker
 
 
 class CommandError(Exception):
@@ -200,19 +199,13 @@ def run_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    url = settings.resolved_database_url
-    with ExitStack() as stack:
-        if url.startswith("sqlite"):
-            try:
-                stack.enter_context(single_sqlite_worker(settings.data_dir))
-            except WorkerBusyError as exc:
-                raise CommandError(str(exc)) from None
+
+    def open_worker(url: str) -> tuple[Worker, Callable[[], None]]:
         database = Database(url)
-        stack.callback(database.dispose)
         migrate(database.engine)
-        worker = Worker(database, settings, worker_id=args.worker_id)
-        worker.install_signal_handlers()
-        worker.run(once=args.once)
+        return Worker(database, settings, worker_id=args.worker_id), database.dispose
+
+    run_queue_worker(settings.resolved_database_url, settings.data_dir, open_worker, once=args.once)
     return 0
 
 
@@ -405,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(["feature-party", *(sys.argv[1:] if argv is None else argv)])
     try:
         result: int = args.handler(args)
-    except CommandError as exc:
+    except (CommandError, WorkerBusyError) as exc:
         print(f"labeldp: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from contextlib import ExitStack
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from label_party.config import Settings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import MECHANISMS
 from shared.settings_help import add_serve_command, settings_epilog
-from shared.worker_loop import WorkerBusyError, single_sqlite_worker
+from shared.worker_loop import run_queue_worker
 
 
 class CommandError(Exception):
@@ -194,19 +194,13 @@ def run_worker(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     configure_logging(settings.log_level)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    url = settings.resolved_database_url
-    with ExitStack() as stack:
-        if url.startswith("sqlite"):
-            try:
-                stack.enter_context(single_sqlite_worker(settings.data_dir))
-            except WorkerBusyError as exc:
-                raise CommandError(str(exc)) from None
+
+    def open_worker(url: str) -> tuple[Worker, Callable[[], None]]:
         db = connect(url)
-        stack.callback(db.dispose)
         migrate(db.engine)
-        worker = Worker(db, settings, worker_id=args.worker_id)
-        worker.install_signal_handlers()
-        worker.run(once=args.once)
+        return Worker(db, settings, worker_id=args.worker_id), db.dispose
+
+    run_queue_worker(settings.resolved_database_url, settings.data_dir, open_worker, once=args.once)
     return 0
 
 

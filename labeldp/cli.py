@@ -18,6 +18,7 @@ from feature_party.client import LabelsPartyError, LabelsPartyHTTPError
 from label_party import cli as label_cli
 from labeldp import demo, experiment
 from labeldp.processes import ServiceStartError
+from shared.worker_loop import WorkerBusyError
 
 #: Options whose value is a secret token. ``secrets.token_urlsafe`` (which the
 #: docs suggest for admin tokens) starts one token in 64 with ``-``, which
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(attach_token_values(sys.argv[1:] if argv is None else argv))
     try:
         result: int = args.handler(args)
-    except (label_cli.CommandError, feature_cli.CommandError, ValueError) as exc:
+    except (label_cli.CommandError, feature_cli.CommandError, WorkerBusyError, ValueError) as exc:
         print(f"labeldp: error: {_shown(exc)}", file=sys.stderr)
         return 2
     except RUNTIME_ERRORS as exc:

@@ -15,12 +15,12 @@ import socket
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PollingWorker", "WorkerBusyError", "default_worker_id", "single_sqlite_worker"]
+__all__ = ["PollingWorker", "WorkerBusyError", "default_worker_id", "run_queue_worker"]
 
 log = logging.getLogger("labeldp.worker")
 
@@ -29,8 +29,27 @@ class WorkerBusyError(RuntimeError):
     """Another worker already serves this SQLite database."""
 
 
+def run_queue_worker(
+    url: str,
+    data_dir: Path,
+    open_worker: Callable[[str], tuple[PollingWorker, Callable[[], None]]],
+    *,
+    once: bool,
+) -> None:
+    """A worker command's life: hold the single-worker lock on SQLite, open the
+    database and its worker (``open_worker(url)`` → the worker and how to close its
+    database), run until the queue is empty (``once``) or a signal stops it."""
+    with _single_sqlite_worker(data_dir) if url.startswith("sqlite") else nullcontext():
+        worker, close = open_worker(url)
+        try:
+            worker.install_signal_handlers()
+            worker.run(once=once)
+        finally:
+            close()
+
+
 @contextmanager
-def single_sqlite_worker(data_dir: Path) -> Iterator[None]:
+def _single_sqlite_worker(data_dir: Path) -> Iterator[None]:
     """SQLite serializes every write: allow one worker per database (the lock is
     the OS's, so a killed worker releases it)."""
     with (data_dir / "worker.lock").open("w") as fh:
