@@ -7,6 +7,8 @@ classification), or :class:`InvalidLabelsError` whose detail lists up to
 in file order, header excluded). Reasons never quote the value (DESIGN.md §3.1).
 
 No Python runs per row: every check is an Arrow or numpy kernel over the column.
+(The one exception is a JSON-lines file that Arrow's typed reader refuses: it is
+read again line by line, on that error path only, :func:`_jsonl_as_text`.)
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import hashlib
 import logging
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -105,7 +106,7 @@ def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
     """``example_id`` (string, unique, present) plus the numeric columns as float32,
     in file order. Only column names and row numbers appear in errors."""
     table = _read_any(source, fmt)
-    repeated = sorted({c for c in table.column_names if table.column_names.count(c) > 1})
+    repeated = sorted(c for c, n in Counter(table.column_names).items() if n > 1)
     if repeated:
         raise InvalidRequestError(
             f"the features file repeats column(s) {', '.join(repeated[:20])}",
