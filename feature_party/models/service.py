@@ -117,10 +117,12 @@ def _predictor(path: str) -> Predictor:
     return load_artifact(Path(path))
 
 
-def predict_table(
-    session: Session, settings: Settings, model_id: str, table: pa.Table
-) -> Predictions:
-    predictor = _predictor(str(artifact_path(session, settings, model_id).resolve()))
+def _loaded(session: Session, settings: Settings, model_id: str) -> Predictor:
+    """The model's predictor (404 for an unknown model), cached by artifact path."""
+    return _predictor(str(artifact_path(session, settings, model_id).resolve()))
+
+
+def _predict(predictor: Predictor, table: pa.Table) -> Predictions:
     missing = predictor.preprocessing.missing_columns(table)
     if missing:
         raise InvalidInputError(
@@ -146,16 +148,15 @@ def predict_table(
 def predict_file(
     session: Session, settings: Settings, model_id: str, path: Path, filename: str | None
 ) -> Predictions:
-    predictor = _predictor(str(artifact_path(session, settings, model_id).resolve()))  # 404 first
+    predictor = _loaded(session, settings, model_id)  # 404 before reading the file
     categorical = predictor.preprocessing.categorical  # text, as at upload: 01234 stays 01234
-    table = read_table(path, filename=filename, text_columns=categorical)
-    return predict_table(session, settings, model_id, table)
+    return _predict(predictor, read_table(path, filename=filename, text_columns=categorical))
 
 
 def predict_rows(
     session: Session, settings: Settings, model_id: str, rows: list[dict[str, object]]
 ) -> Predictions:
-    return predict_table(session, settings, model_id, _rows_table(rows))
+    return _predict(_loaded(session, settings, model_id), _rows_table(rows))
 
 
 def _rows_table(rows: list[dict[str, object]]) -> pa.Table:
@@ -171,4 +172,4 @@ def _rows_table(rows: list[dict[str, object]]) -> pa.Table:
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             text = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
             columns[name] = pa.array(text, pa.string())
-    return pa.table(columns) if columns else pa.table({})
+    return pa.table(columns)
