@@ -115,6 +115,20 @@ def lock_audit_chain(session: Session) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(7358001)"))
 
 
+def read_snapshot(session: Session) -> None:
+    """Make every later read of this transaction see one committed state.
+
+    Call first, before the transaction has read anything. Postgres's default
+    READ COMMITTED gives each statement its own snapshot, so a reader that reads
+    the audit log and then the ledger can see a release in the second that it
+    did not see in the first; REPEATABLE READ holds the first statement's
+    snapshot, READ ONLY makes the reader's intent checked. A SQLite read
+    transaction already reads one snapshot from its first statement on.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+
+
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest revision (run at server and worker start,
     one process at a time: ``shared.migrations``)."""

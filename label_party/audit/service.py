@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from label_party.audit import repository
 from label_party.datasets import repository as datasets_repository
-from label_party.db import lock_audit_chain
+from label_party.db import lock_audit_chain, read_snapshot
 from label_party.ledger import repository as ledger_repository
 from label_party.ledger.accounting import Cost, compose
 from label_party.models import AuditEntry
@@ -105,7 +105,13 @@ class Verification:
 
 
 def verify(session: Session, *, batch: int = 5000) -> Verification:
-    """Recompute the chain and the budget ledger from the audit entries."""
+    """Recompute the chain and the budget ledger from the audit entries.
+
+    Reads the log, the datasets and the ledger in one snapshot (:func:`read_snapshot`):
+    a release committed between two of those reads would otherwise look like a
+    ledger entry with no audit entry. Call it on a session that has read nothing.
+    """
+    read_snapshot(session)
     prev, expected_seq, count = GENESIS, 1, 0
     budgets: dict[str, tuple[int, int, int]] = {}  # dataset -> (seq, ε budget, δ budget)
     # ledger entry -> (seq, dataset, cost), from releases and trainings

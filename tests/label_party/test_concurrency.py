@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -44,3 +45,41 @@ def test_64_concurrent_releases_exactly_8_succeed(server: Server) -> None:
     assert budget["epsilon_remaining"] == 0
     assert len(admin.get(f"/v1/datasets/{ds}/releases").json()) == 8
     assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_verify_during_concurrent_releases_sees_one_consistent_state(server: Server) -> None:
+    """An audit check that runs while releases commit must not report tampering:
+    on Postgres each statement of a READ COMMITTED transaction saw a newer state,
+    so a release committed between reading the log and the ledger looked like a
+    ledger entry with no audit entry (§3.6 must not cry wolf under load)."""
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=100.0)
+    ids = [f"e{i}" for i in range(50)]
+    assert upload_labels(admin, ds, ids, [float(i % 11) for i in range(50)]).status_code == 200
+    body = {"mechanism": {"name": "laplace"}, "epsilon": 0.01}
+    done = threading.Event()
+    reports: list[dict[str, object]] = []
+
+    def verify_until_done() -> None:
+        with server.client() as client:
+            while not done.is_set():
+                reports.append(client.get("/v1/audit/verify").json())
+
+    def release(count: int) -> list[int]:
+        with server.client() as client:
+            return [
+                client.post(f"/v1/datasets/{ds}/releases", json=body).status_code
+                for _ in range(count)
+            ]
+
+    with ThreadPoolExecutor(max_workers=7) as pool:
+        verifiers = [pool.submit(verify_until_done) for _ in range(3)]
+        releasers = [pool.submit(release, 25) for _ in range(4)]
+        statuses = [status for future in releasers for status in future.result()]
+        done.set()
+        for future in verifiers:
+            future.result()
+
+    assert statuses == [201] * 100
+    assert len(reports) >= 3
+    assert [r for r in reports if r["ok"] is not True] == []
