@@ -32,8 +32,10 @@ def temp_path(directory: Path, suffix: str = ".tmp") -> Path:
 def publish_by_hash(tmp: Path, directory: Path, extension: str = ".parquet") -> tuple[Path, str]:
     """Move a finished temporary file to ``directory/<sha256><extension>``.
 
-    Returns the final path and the hash. The file is fsynced first so that a
-    committed row never points at a file the OS had not written yet.
+    Returns the final path and the hash. The file is fsynced before the rename and
+    the directory after it, so that a row committed next never points at a file
+    that a power loss can take back: without the second, the rename may reach
+    the disk after the commit, and the start-up sweep deletes ``tmp/``.
     """
     sha = sha256_file(tmp)
     with tmp.open("rb") as fh:
@@ -41,4 +43,14 @@ def publish_by_hash(tmp: Path, directory: Path, extension: str = ".parquet") -> 
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{sha}{extension}"
     os.replace(tmp, final)
+    fsync_directory(directory)
     return final, sha
+
+
+def fsync_directory(directory: Path) -> None:
+    """Flush a directory's entries (a rename into it) to disk (POSIX)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
