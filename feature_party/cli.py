@@ -39,7 +39,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     worker = sub.add_parser(
         "worker",
-        help="run a training worker (any number, any machine)",
+        help="run a training worker (one per SQLite database, any number on Postgres)",
         description="Claim queued training jobs from the service's database and run them\n"
         "(CUDA when present). Any number of workers on Postgres; one on SQLite.",
         epilog=epilog,

@@ -15,8 +15,14 @@ router = APIRouter(
     tags=["received labels"],
     responses={
         **ERROR_RESPONSES,
+        403: {"model": ErrorBody, "description": "labels_party_refused: the token was refused"},
         409: {"model": ErrorBody, "description": "budget_exceeded at the labels party"},
-        502: {"model": ErrorBody, "description": "labels party down, refusing, or hash mismatch"},
+        422: {
+            "model": ErrorBody,
+            "description": "invalid input, no_join, release_dataset_mismatch, or "
+            "labels_party_refused (the labels party's own 4xx: its status and detail)",
+        },
+        502: {"model": ErrorBody, "description": "labels party down or failing, or hash mismatch"},
     },
 )
 

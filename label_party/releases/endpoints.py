@@ -9,7 +9,14 @@ import pyarrow.parquet as pq
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
 
-from label_party.deps import PrincipalDep, SessionDep, SettingsDep, in_worker_thread
+from label_party.deps import (
+    IdempotencyKeyHeader,
+    PrincipalDep,
+    SessionDep,
+    SettingsDep,
+    in_worker_thread,
+    with_idempotency_key,
+)
 from label_party.exception_handlers import responses
 from label_party.releases import service
 from label_party.storage import release_path
@@ -29,7 +36,8 @@ router = APIRouter(tags=["releases"])
     summary="Spend ε on a randomized release of the labels (admin, granted client)",
     description="`epsilon` is the total the release spends, its private prior "
     "included. 409 `budget_exceeded` leaves the budget untouched; a repeated "
-    "`idempotency_key` returns the same release (200) and spends nothing. "
+    "`idempotency_key` (or `Idempotency-Key` header) returns the same release (200) "
+    "and spends nothing. "
     "`rr-with-prior` takes `prior_source`: `global` (default; a noisy class histogram "
     "at `prior_epsilon`), `groups` (with `prior_id` of a `groups` prior set: noisy "
     "per-group histograms at `prior_epsilon`, default min(√(G·K/n), ε/2), charged once "
@@ -44,7 +52,10 @@ async def create_release(
     session: SessionDep,
     settings: SettingsDep,
     principal: PrincipalDep,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> ReleaseRead:
+    body = with_idempotency_key(body, idempotency_key)
+
     def work() -> tuple[ReleaseRead, bool]:
         release, created = service.create(session, settings, principal, dataset_id, body)
         return service.to_read(session, release), created

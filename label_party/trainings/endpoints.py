@@ -7,7 +7,14 @@ from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile
 
 from label_party.auth import require
-from label_party.deps import PrincipalDep, SessionDep, SettingsDep, in_worker_thread
+from label_party.deps import (
+    IdempotencyKeyHeader,
+    PrincipalDep,
+    SessionDep,
+    SettingsDep,
+    in_worker_thread,
+    with_idempotency_key,
+)
 from label_party.exception_handlers import responses
 from label_party.exceptions import InvalidRequestError
 from label_party.labels.endpoints import multipart_body
@@ -64,6 +71,7 @@ async def create_training(
     session: SessionDep,
     settings: SettingsDep,
     principal: PrincipalDep,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> TrainingRead:
     require(principal, "admin", "client")
     # Two files at most: curl's -F spec=@spec.json sends the spec as one.
@@ -76,6 +84,7 @@ async def create_training(
         if isinstance(raw_spec, UploadFile):
             raw_spec = await _spec_text(raw_spec)
         spec = service.parse_spec(raw_spec if isinstance(raw_spec, str) else None)
+        spec = with_idempotency_key(spec, idempotency_key)
         fmt = file_format(upload.filename, upload.content_type)
         source = upload.file
 

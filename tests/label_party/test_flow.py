@@ -60,6 +60,20 @@ def test_whole_flow(server: Server) -> None:
     assert again.status_code == 200 and again.json()["id"] == manifest["id"]
     other = release(client, ds, 0.2, mechanism={"name": "rr-on-bins"}, idempotency_key="k1")
     assert other.status_code == 409 and other.json()["error"] == "idempotency_conflict"
+    # The Idempotency-Key header is the same key (a retry that sends only the header
+    # must not spend twice); a header that disagrees with the body is refused.
+    body = {"mechanism": {"name": "rr-on-bins"}, "epsilon": 0.1}
+    by_header = client.post(
+        f"/v1/datasets/{ds}/releases", json=body, headers={"Idempotency-Key": "k1"}
+    )
+    assert by_header.status_code == 200 and by_header.json()["id"] == manifest["id"]
+    both = client.post(
+        f"/v1/datasets/{ds}/releases",
+        json={**body, "idempotency_key": "k1"},
+        headers={"Idempotency-Key": "k2"},
+    )
+    assert both.status_code == 422 and both.json()["error"] == "invalid_request"
+    assert client.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.1
 
     # Downloads are free and byte-identical; the sha256 names the Parquet bytes.
     rid = manifest["id"]

@@ -266,6 +266,14 @@ def test_idempotent_replay_spends_once(server: Server, granted: Any) -> None:
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 1
     other = submit(client, dataset_id, features, **{**spec, "epsilon": 2})
     assert other.status_code == 409 and other.json()["error"] == "idempotency_conflict"
+    by_header = client.post(
+        f"/v1/datasets/{dataset_id}/trainings",
+        files={"file": ("features.parquet", features)},
+        data={"spec": json.dumps({"epsilon": 1, **CHEAP})},
+        headers={"Idempotency-Key": "k-1"},
+    )
+    assert by_header.status_code == 200 and by_header.json()["id"] == first.json()["id"]
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 1
 
 
 def test_a_client_sees_only_its_own_trainings(server: Server, granted: Any) -> None:

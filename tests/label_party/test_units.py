@@ -112,6 +112,14 @@ def test_crash_hook_only_in_test_mode() -> None:
     assert Settings(mode="test", test_crash_point="release_before_commit").test_crash_point
 
 
+def test_deterministic_seed_only_in_test_mode() -> None:
+    """DESIGN.md §3.5: a seeded randomizer only behind the explicit test setting;
+    `dev` is for local trials, whose releases must still be unpredictable."""
+    with pytest.raises(ValueError, match="LABELDP_TEST_SEED needs LABELDP_MODE=test"):
+        Settings(mode="dev", test_seed=1)
+    assert Settings(mode="test", test_seed=1).test_seed == 1
+
+
 @pytest.mark.parametrize(
     ("data", "fmt", "message"),
     [
