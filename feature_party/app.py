@@ -10,13 +10,15 @@ from fastapi import Depends, FastAPI
 from feature_party import exception_handlers
 from feature_party.config import Settings, get_settings
 from feature_party.db import Database, migrate
-from feature_party.deps import require_admin
+from feature_party.deps import UNAUTHORIZED, is_admin, require_admin
+from feature_party.errors import PayloadTooLargeError
 from feature_party.feature_sets.endpoints import router as feature_sets_router
 from feature_party.jobs.endpoints import router as jobs_router
 from feature_party.models.endpoints import router as models_router
 from feature_party.multistage.endpoints import router as multistage_router
 from feature_party.multistage.service import Drivers
 from feature_party.received_labels.endpoints import router as received_labels_router
+from shared.limits import BodyLimitMiddleware
 
 
 def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:
@@ -48,6 +50,14 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.state.settings = settings
     app.state.admin_token = admin_token
     exception_handlers.install(app)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_upload_bytes=settings.max_upload_bytes,
+        max_json_bytes=settings.max_json_bytes,
+        too_large=PayloadTooLargeError,
+        authorized=lambda headers: is_admin(headers.get("authorization"), admin_token),
+        unauthorized_message=UNAUTHORIZED,
+    )
     secured = [Depends(require_admin)]
     routers = (
         feature_sets_router,

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     data_dir: Path = Path("labeldp-data/feature-party")
     admin_token: SecretStr | None = None
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
+    #: Largest accepted body that is not a multipart upload (JSON), parsed whole in
+    #: memory (413 above).
+    max_json_bytes: int = Field(default=64 * 1024**2, ge=1)
     job_lease_seconds: float = Field(default=60.0, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     poll_seconds: float = Field(default=1.0, gt=0)

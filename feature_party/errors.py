@@ -8,6 +8,7 @@
     ├── InvalidInputError        422 invalid_input / bad_file / no_join /
     │                                release_dataset_mismatch
     ├── LabelsPartyRefusedError  4xx labels_party_refused (the labels party's 4xx)
+    ├── StorageUnavailableError  507 storage_unavailable (the data directory refuses writes)
     └── UpstreamError            502 labels_party_unavailable / labels_party_error /
                                      release_integrity_error
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.errors import ServiceError
+from shared.errors import ServiceError, storage_problem
 
 
 class FeaturePartyError(ServiceError):
@@ -59,6 +60,21 @@ class LabelsPartyRefusedError(FeaturePartyError):
     def __init__(self, message: str, status: int, detail: Any = None) -> None:
         super().__init__(message, detail)
         self.status_code = 403 if status == 401 else status
+
+
+class StorageUnavailableError(FeaturePartyError):
+    """The data directory refused a write (full, read-only): the operator's to fix."""
+
+    status_code = 507
+    code = "storage_unavailable"
+
+    def __init__(self, exc: OSError) -> None:
+        name = storage_problem(exc) or "OSError"
+        super().__init__(
+            f"the service could not write to its storage ({name}): its operator must free "
+            "space or fix permissions; retry afterwards",
+            {"errno": name},
+        )
 
 
 def not_found(kind: str, id_: str) -> NotFoundError:

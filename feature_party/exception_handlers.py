@@ -1,7 +1,9 @@
-"""Every error leaves the service as ``shared.protocol.ErrorBody``."""
+"""Every error leaves the service as ``shared.protocol.ErrorBody``; an unexpected one
+with a fixed message (its text may quote data), storage refusing writes as 507."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,8 +12,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feature_party.errors import FeaturePartyError
-from shared.errors import HTTP_CODES, error_response, validation_detail
+from shared.errors import (
+    HTTP_CODES,
+    error_response,
+    unexpected_error_response,
+    validation_detail,
+)
 from shared.protocol import ErrorBody
+
+logger = logging.getLogger("feature_party.errors")
 
 #: For ``responses=`` in route declarations (OpenAPI).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -39,3 +48,7 @@ def install(app: FastAPI) -> None:
         if exc.headers:
             response.headers.update(exc.headers)
         return response
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return unexpected_error_response(logger, exc)

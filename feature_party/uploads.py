@@ -22,9 +22,11 @@ def spooled(upload: UploadFile, *, directory: Path, max_bytes: int) -> Iterator[
         )
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=directory, suffix=".upload", delete=False) as tmp:
-        shutil.copyfileobj(upload.file, tmp, length=1 << 20)
         path = Path(tmp.name)
     try:
+        # Inside the try: a copy that fails (a full disk) must not leave its part behind.
+        with path.open("wb") as out:
+            shutil.copyfileobj(upload.file, out, length=1 << 20)
         if path.stat().st_size > max_bytes:
             raise PayloadTooLargeError(
                 f"the upload is larger than {max_bytes} bytes", detail={"max_bytes": max_bytes}

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.datastructures import Headers
 
 from label_party import exception_handlers
 from label_party.audit.endpoints import router as audit_router
@@ -15,15 +16,16 @@ from label_party.config import Settings
 from label_party.datasets.endpoints import router as datasets_router
 from label_party.db import connect, migrate, transaction
 from label_party.example_priors.endpoints import router as priors_router
+from label_party.exceptions import PayloadTooLargeError
 from label_party.health import router as health_router
 from label_party.labels.endpoints import router as labels_router
-from label_party.limits import BodyLimitMiddleware
 from label_party.observability import RequestContextMiddleware
 from label_party.partitions.endpoints import router as partitions_router
 from label_party.previews.endpoints import router as previews_router
 from label_party.releases.endpoints import router as releases_router
 from label_party.storage import sweep_orphans
 from label_party.trainings.endpoints import router as trainings_router
+from shared.limits import BodyLimitMiddleware
 
 logger = logging.getLogger("label_party")
 
@@ -53,7 +55,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     exception_handlers.install(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_upload_bytes=settings.max_upload_bytes,
+        max_json_bytes=settings.max_json_bytes,
+        too_large=PayloadTooLargeError,
+        # Tokens live in the database: the route checks them. Here only that one
+        # is sent, so that an anonymous caller's body is never read.
+        authorized=_has_bearer_token,
+        unauthorized_message="a bearer token is required",
+    )
     app.add_middleware(RequestContextMiddleware)
     for router in (
         datasets_router,
@@ -69,3 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ):
         app.include_router(router)
     return app
+
+
+def _has_bearer_token(headers: Headers) -> bool:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and bool(token.strip())

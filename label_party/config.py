@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     #: Largest accepted label upload, in bytes (413 above).
     max_upload_bytes: int = Field(default=2 << 30, gt=0)
+    #: Largest accepted body that is not a multipart upload (JSON), parsed whole in
+    #: memory (413 above).
+    max_json_bytes: int = Field(default=64 << 20, gt=0)
     #: Labels randomized per chunk in a release (bounded working memory).
     chunk_size: int = Field(default=1 << 20, gt=0)
     #: Largest label grid a regression domain may declare.

@@ -17,7 +17,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from label_party.exceptions import LabelPartyError
 from label_party.mechanisms.base import MechanismError
-from shared.errors import HTTP_CODES, error_response, validation_detail
+from shared.errors import (
+    HTTP_CODES,
+    error_response,
+    unexpected_error_response,
+    validation_detail,
+)
 from shared.protocol import ErrorBody
 
 logger = logging.getLogger("label_party.errors")
@@ -48,8 +53,7 @@ def _http(_request: Request, exc: Exception) -> JSONResponse:
 
 
 def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
-    logger.error("unhandled error", exc_info=exc)
-    return error_response(500, "internal_error", "internal error")
+    return unexpected_error_response(logger, exc)
 
 
 def install(app: FastAPI) -> None:

@@ -161,12 +161,13 @@ def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: flo
     no longer resume, and stale partial writes."""
     cutoff = time.time() - grace_seconds
     removed = 0
+    checkpoints = settings.trainings_dir / "checkpoints"
+    partials = checkpoints.glob(".*.partial") if checkpoints.exists() else iter(())
     tmp = training_tmp_dir(settings)
-    if tmp.exists():
-        for path in tmp.iterdir():
-            if _older_than(path, cutoff):
-                path.unlink(missing_ok=True)
-                removed += 1
+    for path in [*(tmp.iterdir() if tmp.exists() else ()), *partials]:
+        if _older_than(path, cutoff):
+            path.unlink(missing_ok=True)
+            removed += 1
     # Read the rows before listing the files: a file published after this query
     # is younger than the cutoff, so it is never taken for an orphan.
     features = set(session.scalars(select(Training.features_sha256)))
@@ -180,7 +181,7 @@ def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: flo
     for root, pattern, keep in (
         (training_features_dir(settings), "*.parquet", features),
         (training_models_dir(settings), "*.pt", models),
-        (settings.trainings_dir / "checkpoints", "*.pt", unfinished),
+        (checkpoints, "*.pt", unfinished),
     ):
         if root.exists():
             for path in root.glob(pattern):

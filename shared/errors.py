@@ -8,6 +8,8 @@ detail leave either service the same way.
 
 from __future__ import annotations
 
+import errno
+import logging
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -55,3 +57,31 @@ def validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
         {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
         for err in exc.errors()
     ]
+
+
+#: OS errors that say the service's storage refuses writes: the operator's to fix,
+#: not a bug, so they are 507 ``storage_unavailable`` rather than a bare 500.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def storage_problem(exc: BaseException) -> str | None:
+    """The errno's name (``ENOSPC``…) if ``exc`` is storage refusing a write, else None."""
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+        return errno.errorcode[exc.errno]
+    return None
+
+
+def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSONResponse:
+    """An exception no handler knows: 507 when storage refused a write (the errno,
+    never a path or the text), else 500 with a fixed message; logged either way."""
+    logger.error("unhandled error", exc_info=exc)
+    problem = storage_problem(exc)
+    if problem is not None:
+        return error_response(
+            507,
+            "storage_unavailable",
+            f"the service could not write to its storage ({problem}): its operator must "
+            "free space or fix permissions; retry afterwards",
+            {"errno": problem},
+        )
+    return error_response(500, "internal_error", "internal error")

@@ -9,6 +9,7 @@ caller puts it there (DESIGN.md §3.1 forbids that).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import sys
@@ -36,9 +37,24 @@ class JsonFormatter(logging.Formatter):
         if isinstance(fields, dict):
             entry.update(fields)
         if record.exc_info and record.exc_info[0] is not None:
-            # The exception type only: exception text may quote data.
-            entry["exception"] = record.exc_info[0].__name__
+            entry.update(exception_fields(record.exc_info[1]))
         return json.dumps(entry, default=str)
+
+
+def exception_fields(exc: BaseException | None) -> dict[str, Any]:
+    """What a log may say of an exception: its type, an OS error's errno name and
+    where it was raised — never its text, which may quote data."""
+    if exc is None:
+        return {}
+    fields: dict[str, Any] = {"exception": type(exc).__name__}
+    if isinstance(exc, OSError) and exc.errno is not None and exc.errno in errno.errorcode:
+        fields["errno"] = errno.errorcode[exc.errno]
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        fields["where"] = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+    return fields
 
 
 def configure_logging(level: str = "INFO") -> None:

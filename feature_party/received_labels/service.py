@@ -27,15 +27,18 @@ from feature_party.client import (
 from feature_party.config import Settings
 from feature_party.errors import (
     ConflictError,
+    FeaturePartyError,
     InvalidInputError,
     LabelsPartyRefusedError,
+    StorageUnavailableError,
     UpstreamError,
 )
 from feature_party.feature_sets.repository import FeatureSetRepository
-from feature_party.orm import ReceivedLabels
+from feature_party.orm import FeatureSet, ReceivedLabels
 from feature_party.received_labels.repository import ReceivedLabelsRepository
 from feature_party.received_labels.schemas import ReceivedLabelsCreate, ReceivedLabelsRead
 from feature_party.training.dataset import count_join
+from shared.errors import storage_problem
 from shared.protocol import ReleaseRead
 
 
@@ -93,11 +96,14 @@ def _integrity(message: str, release_id: str) -> UpstreamError:
 
 
 def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) -> ReleaseRead:
-    if request.release is not None:
-        manifest = client.create_release(request.dataset_id, request.release)
-    else:
-        assert request.release_id is not None
-        manifest = client.get_release(request.release_id)
+    try:
+        if request.release is not None:
+            manifest = client.create_release(request.dataset_id, request.release)
+        else:
+            assert request.release_id is not None
+            manifest = client.get_release(request.release_id)
+    except UPSTREAM_ERRORS as exc:
+        raise upstream_error(exc) from None
     if manifest.dataset_id != request.dataset_id:
         raise InvalidInputError(
             f"release {manifest.id} belongs to dataset {manifest.dataset_id}, "
@@ -105,8 +111,63 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
             code="release_dataset_mismatch",
             detail={"release_id": manifest.id},
         )
-    client.download_labels(manifest.id, tmp, expected_sha256=manifest.sha256)
+    try:
+        client.download_labels(manifest.id, tmp, expected_sha256=manifest.sha256)
+    except UPSTREAM_ERRORS as exc:
+        raise _naming_release(upstream_error(exc), manifest.id, request) from None
     return manifest
+
+
+def _naming_release(error: FeaturePartyError, release_id: str, request: ReceivedLabelsCreate
+                    ) -> FeaturePartyError:  # fmt: skip
+    """``error`` carrying the release it concerns. Once this request has made a
+    release, its ε is spent: a retry must name the release (``release_id``), not ask
+    for a new one, which a fresh idempotency key would pay for again."""
+    if request.release is not None:
+        error.message += (
+            f"; release {release_id} was made and its ε spent: fetch it again at no cost "
+            "with its release_id"
+        )
+    extra = error.detail if isinstance(error.detail, dict) else {}
+    error.detail = {"release_id": release_id, **extra}
+    return error
+
+
+def _store(
+    settings: Settings, feature_set: FeatureSet, manifest: ReleaseRead, tmp: Path
+) -> tuple[int, int, Path]:
+    """Check the downloaded release against its manifest, count its join with the
+    feature set and move it into place: (matched, unmatched, its relative path)."""
+    try:
+        labels = pq.read_table(tmp)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise _integrity(f"the release is not a Parquet file: {exc}", manifest.id) from None
+    if not {"example_id", "label"} <= set(labels.column_names):
+        raise _integrity("the release lacks example_id or label columns", manifest.id)
+    if labels.num_rows != manifest.num_labels:
+        raise _integrity(
+            f"the release holds {labels.num_rows} rows, the manifest says {manifest.num_labels}",
+            manifest.id,
+        )
+    if pc.count_distinct(labels.column("example_id")).as_py() != labels.num_rows:
+        raise _integrity("the release repeats example_ids", manifest.id)
+    matched, unmatched = count_join(settings.data_dir / feature_set.path, labels)
+    if matched == 0:
+        raise InvalidInputError(
+            "no received label joins the feature set on example_id; use a feature set "
+            "that covers its example_ids",
+            code="no_join",
+            detail={
+                "num_labels": manifest.num_labels,
+                "num_features": feature_set.num_rows,
+                "matched": matched,
+                "unmatched": unmatched,
+            },
+        )
+    relative = Path("received") / f"{manifest.sha256}.parquet"
+    (settings.data_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+    tmp.replace(settings.data_dir / relative)
+    return matched, unmatched, relative
 
 
 def receive(
@@ -120,43 +181,13 @@ def receive(
         ) as client:
             manifest = _fetch(client, request, tmp)
         try:
-            labels = pq.read_table(tmp)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise _integrity(f"the release is not a Parquet file: {exc}", manifest.id) from None
-        if not {"example_id", "label"} <= set(labels.column_names):
-            raise _integrity("the release lacks example_id or label columns", manifest.id)
-        if labels.num_rows != manifest.num_labels:
-            raise _integrity(
-                f"the release holds {labels.num_rows} rows, the manifest says "
-                f"{manifest.num_labels}",
-                manifest.id,
-            )
-        if pc.count_distinct(labels.column("example_id")).as_py() != labels.num_rows:
-            raise _integrity("the release repeats example_ids", manifest.id)
-        matched, unmatched = count_join(settings.data_dir / feature_set.path, labels)
-        if matched == 0:
-            spent = (
-                f"; release {manifest.id} was made and its ε spent: fetch it again at no "
-                "cost with its release_id and a feature set that covers its example_ids"
-                if request.release is not None
-                else ""
-            )
-            raise InvalidInputError(
-                f"no received label joins the feature set on example_id{spent}",
-                code="no_join",
-                detail={
-                    "release_id": manifest.id,
-                    "num_labels": manifest.num_labels,
-                    "num_features": feature_set.num_rows,
-                    "matched": matched,
-                    "unmatched": unmatched,
-                },
-            )
-        relative = Path("received") / f"{manifest.sha256}.parquet"
-        (settings.data_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-        tmp.replace(settings.data_dir / relative)
-    except UPSTREAM_ERRORS as exc:
-        raise upstream_error(exc) from None
+            matched, unmatched, relative = _store(settings, feature_set, manifest, tmp)
+        except FeaturePartyError as exc:
+            raise _naming_release(exc, manifest.id, request) from None
+        except OSError as exc:
+            if storage_problem(exc) is None:
+                raise
+            raise _naming_release(StorageUnavailableError(exc), manifest.id, request) from None
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -8,20 +8,22 @@ runs, so a training in any status freezes them, cancelled and failed ones too.)
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import IO
 
-from sqlalchemy.orm import Session
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal
+from label_party.auth import Principal, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
+from label_party.db import transaction
 from label_party.exceptions import InvalidLabelsError, LabelsFrozenError, RejectedUploadError
 from label_party.labels.validation import FileFormat, read_table, validate
 from label_party.ledger.service import lock_dataset
-from label_party.models import Dataset
 from label_party.releases import repository as releases_repository
-from label_party.storage import write_table
+from label_party.storage import labels_path, write_table
 from label_party.trainings import repository as trainings_repository
 
 
@@ -29,45 +31,83 @@ def upload(
     session: Session,
     settings: Settings,
     principal: Principal,
-    dataset: Dataset,
+    dataset_id: str,
     source: IO[bytes],
     fmt: FileFormat,
+    *,
+    unlocked: sessionmaker[Session],
 ) -> int:
-    dataset = lock_dataset(session, dataset.id)
-    charged = releases_repository.exists(session, dataset.id)
-    if charged or trainings_repository.exists(session, dataset.id):
-        audit.append(
-            session,
-            actor=principal.id,
-            action="labels.refused",
-            dataset_id=dataset.id,
-            payload={"reason": "labels_frozen"},
-        )
-        raise LabelsFrozenError("labels are frozen once a release or a training exists")
-    domain = parse_domain(dataset.task, dataset.label_domain)
+    """Store the labels of ``dataset_id`` from ``source``; returns their count.
+
+    The file is read and validated (seconds for millions of rows) after a short
+    read transaction of ``unlocked`` and before ``session`` locks the dataset row —
+    on SQLite the whole database's write lock, which every other write would wait
+    on. Under the lock the labels must still be replaceable (409 otherwise).
+    """
+    with transaction(unlocked) as reader:
+        dataset = visible_dataset(reader, principal, dataset_id)
+        domain = parse_domain(dataset.task, dataset.label_domain)
+        frozen = _frozen(reader, dataset.id)
+    if frozen:  # refused (and logged) without reading the file
+        _refuse_if_frozen(session, principal, lock_dataset(session, dataset_id).id)
     try:
         table, count = validate(read_table(source, fmt), domain)
     except InvalidLabelsError as exc:
+        lock_dataset(session, dataset_id)
         # The log says that an upload was refused, not how many rows were bad
         # (that would be a statistic of the labels, DESIGN.md §3.1).
         audit.append(
             session,
             actor=principal.id,
             action="labels.rejected",
-            dataset_id=dataset.id,
+            dataset_id=dataset_id,
             payload={"reason": "invalid_labels", "format": fmt},
         )
         raise RejectedUploadError(exc.message, exc.detail) from None
-    sha = write_table(settings, table, settings.labels_dir / dataset.id)
-    dataset.labels_sha256 = sha
-    dataset.num_labels = count
+    locked = lock_dataset(session, dataset_id)
+    _refuse_if_frozen(session, principal, locked.id)
+    replaced = labels_path(settings, locked) if locked.labels_sha256 is not None else None
+    sha = write_table(settings, table, settings.labels_dir / locked.id)
+    if replaced is not None and replaced.name != f"{sha}.parquet":
+        _delete_after_commit(session, replaced)
+    locked.labels_sha256 = sha
+    locked.num_labels = count
     audit.append(
         session,
         actor=principal.id,
         action="labels.uploaded",
-        dataset_id=dataset.id,
+        dataset_id=locked.id,
         # No hash of the labels: with all labels but one known, a hash would
         # confirm the last one (DESIGN.md §3.1). The count is public (§6).
         payload={"num_labels": count, "format": fmt},
     )
     return count
+
+
+def _frozen(session: Session, dataset_id: str) -> bool:
+    return releases_repository.exists(session, dataset_id) or trainings_repository.exists(
+        session, dataset_id
+    )
+
+
+def _refuse_if_frozen(session: Session, principal: Principal, dataset_id: str) -> None:
+    """409, logged, once a release or a training exists (call under the lock)."""
+    if not _frozen(session, dataset_id):
+        return
+    audit.append(
+        session,
+        actor=principal.id,
+        action="labels.refused",
+        dataset_id=dataset_id,
+        payload={"reason": "labels_frozen"},
+    )
+    raise LabelsFrozenError("labels are frozen once a release or a training exists")
+
+
+def _delete_after_commit(session: Session, replaced: Path) -> None:
+    """Delete the replaced labels once the new ones are committed. Replacing raw
+    labels (a correction, a deletion request) must not leave them on disk; nothing
+    can reference them again, since labels are replaced only while no release or
+    training exists. Before the commit the row still names them; a crash between
+    the commit and the deletion leaves them to the start-up sweep (``orphans/``)."""
+    event.listen(session, "after_commit", lambda _s: replaced.unlink(missing_ok=True), once=True)

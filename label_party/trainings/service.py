@@ -304,7 +304,10 @@ def _draft(
         raise ConflictError("the dataset has no labels yet")
     source.seek(0)
     table = read_features(source, fmt)
-    n = _labelled_count(settings, dataset, table)
+    try:
+        n = _labelled_count(settings, dataset, table)
+    except FileNotFoundError:  # replaced (and deleted) since this request read the row
+        raise ConflictError(LABELS_CHANGED) from None
     if n == 0:
         raise InvalidRequestError("no feature row matches a labelled example_id")
     resolved, delta = _resolved(spec, n, table.num_columns - 1)
@@ -314,6 +317,11 @@ def _draft(
     # refused here, not discovered after its budget was spent.
     resolved["plan"] = _plan(resolved, n)
     return _Draft(table, n, resolved, delta, dataset.labels_sha256)
+
+
+LABELS_CHANGED = (
+    "the dataset's labels changed while this training was being planned; send the request again"
+)
 
 
 def _replay(
@@ -361,10 +369,7 @@ def create(
     # A replay seen unlocked is seen again under the lock (trainings are never deleted).
     assert draft is not None
     if dataset.labels_sha256 != draft.labels_sha256:
-        raise ConflictError(
-            "the dataset's labels changed while this training was being planned; "
-            "send the request again"
-        )
+        raise ConflictError(LABELS_CHANGED)
     cost = Cost(epsilon_units(spec.epsilon), draft.delta_units, None)
     entry = ledger.reserve(session, principal, dataset, cost, what="training")
     sha = _store_features(settings, draft.table)

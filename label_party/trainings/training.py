@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -192,9 +193,14 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint, plan: dict[str, Any]) -
         "optimizer": checkpoint.optimizer,
         "history": [asdict(h) for h in checkpoint.history],
     }
-    partial = path.with_suffix(".partial")
-    torch.save(payload, partial)
-    partial.replace(path)
+    # A name of its own: a worker that lost its lease may still be writing while the
+    # one that took the training over saves, and one shared name could tear.
+    partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.partial")
+    try:
+        torch.save(payload, partial)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def read_checkpoint(path: Path, plan: dict[str, Any]) -> Checkpoint | None:

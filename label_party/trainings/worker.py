@@ -205,17 +205,18 @@ class Worker(PollingWorker):
             shared.stop.set()
             beat.join()
             log.error("training %s failed: %s", training_id, traceback.format_exc())
-            self._finish_failed(training_id, public_error(exc))
-            self._drop_checkpoint(training_id)
+            if self._finish_failed(training_id, public_error(exc)):
+                self._drop_checkpoint(training_id)
             return
         shared.stop.set()
         beat.join()
-        self._record_success(training_id, artifact, accounting, metrics, shared.progress)
-        self._drop_checkpoint(training_id)
+        if self._record_success(training_id, artifact, accounting, metrics, shared.progress):
+            self._drop_checkpoint(training_id)
 
     def _drop_checkpoint(self, training_id: str) -> None:
         """A finished training never resumes. (An interrupted one keeps its
-        checkpoint: the next claim goes on from it.)"""
+        checkpoint: the next claim goes on from it; so does one that another worker
+        took over, whose checkpoint is now that worker's.)"""
         training_checkpoint_path(self.settings, training_id).unlink(missing_ok=True)
 
     def _train(
@@ -286,10 +287,13 @@ class Worker(PollingWorker):
             repository.queue(session).release(training_id, self.worker_id)
         log.info("training %s: given back to the queue", training_id)
 
-    def _finish_failed(self, training_id: str, error: str) -> None:
+    def _finish_failed(self, training_id: str, error: str) -> bool:
+        """Mark the training failed; False if it is no longer this worker's."""
         with transaction(self.db.writer) as session:
-            if repository.queue(session).fail(training_id, self.worker_id, error=error):
+            ok = repository.queue(session).fail(training_id, self.worker_id, error=error)
+            if ok:
                 self._audit(session, training_id, "training.failed", {})
+        return ok
 
     def _record_success(
         self,
@@ -298,7 +302,9 @@ class Worker(PollingWorker):
         accounting: dict[str, Any],
         metrics: dict[str, Any],
         progress: dict[str, Any] | None,
-    ) -> None:
+    ) -> bool:
+        """Publish the model and mark the training succeeded; False if it is no longer
+        this worker's (the result is dropped)."""
         from shared.artifact import save_artifact_file
 
         tmp = temp_path(training_tmp_dir(self.settings), ".pt")
@@ -324,6 +330,7 @@ class Worker(PollingWorker):
             log.info("training %s: succeeded, model %s", training_id, sha)
         else:
             log.warning("training %s finished but is no longer ours; result dropped", training_id)
+        return ok
 
     def _audit(self, session: Any, training_id: str, action: str, payload: dict[str, Any]) -> None:
         training = session.get(Training, training_id)

@@ -231,6 +231,62 @@ def test_upload_limits_and_errors(make_server: object) -> None:
         assert set(r.json()) == {"error", "message", "detail"}
 
 
+def test_replaced_labels_are_deleted_once_the_new_ones_commit(server: Server) -> None:
+    """Replacing raw labels (a correction, a deletion request) must not leave the
+    old ones on disk, not even set aside in orphans/."""
+    admin = server.client()
+    ds = create_dataset(admin)
+    labels_dir = Path(server.env["LABELDP_DATA_DIR"]) / "labels" / ds
+    ids = [f"e{i}" for i in range(50)]
+    assert upload_labels(admin, ds, ids, [1.0] * 50).status_code == 200
+    (first,) = labels_dir.iterdir()
+    assert upload_labels(admin, ds, ids, [1.0] * 50).status_code == 200  # the same: kept
+    assert list(labels_dir.iterdir()) == [first]
+    assert upload_labels(admin, ds, ids, [2.0] * 50).status_code == 200
+    (second,) = labels_dir.iterdir()
+    assert second != first and not first.exists()
+    orphans = Path(server.env["LABELDP_DATA_DIR"]) / "orphans"
+    assert not any(orphans.rglob(first.name))
+    r = admin.post(f"/v1/datasets/{ds}/releases", json={"mechanism": {"name": "laplace"},
+                                                        "epsilon": 0.1})  # fmt: skip
+    assert r.status_code == 201, r.text
+
+
+def test_json_bodies_are_bounded_and_anonymous_bodies_are_refused_first(
+    make_server: object,
+) -> None:
+    """A JSON body is parsed whole in memory: it has its own, smaller bound than an
+    upload. A body without a token is 401 before it is read (FastAPI would parse
+    it before resolving authentication)."""
+    server: Server = make_server(LABELDP_MAX_JSON_BYTES="1000").start()  # type: ignore[operator]
+    admin = server.client()
+    ds = create_dataset(admin)
+    big = {"mechanism": {"name": "laplace"}, "epsilon": 0.1, "parts": ["p" * 100] * 20}
+    anonymous = server.client(token=None)
+    r = anonymous.post(f"/v1/datasets/{ds}/releases", json=big)
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    assert r.headers["www-authenticate"] == "Bearer"
+    r = admin.post(f"/v1/datasets/{ds}/releases", json=big)
+    assert r.status_code == 413 and r.json()["detail"] == {"limit": 1000}
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: read up to the bound
+        body = json.dumps(big).encode()
+        yield from (body[i : i + 100] for i in range(0, len(body), 100))
+
+    headers = {"content-type": "application/json"}
+    r = admin.post(f"/v1/datasets/{ds}/releases", content=chunked(), headers=headers)
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+    # A small chunked body is read and handed on whole.
+    small = json.dumps({"mechanism": {"name": "laplace"}, "epsilon": 0.1}).encode()
+    r = admin.post(f"/v1/datasets/{ds}/releases", content=iter([small[:10], small[10:]]),
+                   headers=headers)  # fmt: skip
+    assert r.status_code == 409 and "no labels" in r.json()["message"], r.text
+    # Uploads keep the upload bound, far above the JSON one.
+    ids = [f"e{i}" for i in range(200)]
+    assert upload_labels(admin, ds, ids, [1.0] * 200).status_code == 200
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+
+
 def test_non_finite_and_huge_amounts_say_what_is_wrong(server: Server) -> None:
     admin = server.client()
     headers = {"content-type": "application/json"}

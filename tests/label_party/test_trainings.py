@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -636,6 +637,39 @@ def test_a_cancelled_training_s_checkpoint_goes_when_its_worker_stops(
         db.dispose()
     assert not paths[cancelled["id"]].exists() and paths[taken_over["id"]].exists()
     paths[taken_over["id"]].unlink()
+
+
+def test_a_worker_that_lost_its_training_leaves_the_new_owner_s_checkpoint(
+    server: Server, granted: Any
+) -> None:
+    """The worker whose lease lapsed finds on finishing that the training is another
+    worker's: it must neither record its result nor delete the checkpoint that the
+    new owner resumes from. Checkpoints written side by side never share a file."""
+    from label_party.labeldp_pro.dpsgd import Checkpoint
+    from label_party.storage import training_checkpoint_path
+    from label_party.trainings.training import read_checkpoint, write_checkpoint
+
+    _admin, client, dataset_id, ids, labels = granted
+    settings = _settings(server)
+    queued = submit(client, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP).json()
+    path = training_checkpoint_path(settings, queued["id"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plan = {"steps": 8}
+    state = Checkpoint(step=3, model={"w": torch.ones(2)}, optimizer={}, history=[])
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda _: write_checkpoint(path, state, plan), range(16)))
+    assert read_checkpoint(path, plan) is not None
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".partial")] == []
+    db = connect(settings.resolved_database_url)
+    try:
+        worker = Worker(db, settings, worker_id="lapsed-worker")
+        assert worker._finish_failed(queued["id"], "boom") is False
+        assert worker._record_success(queued["id"], {"format": "x"}, {}, {}, None) is False
+    finally:
+        db.dispose()
+    assert path.exists()  # the checkpoint is the owner's to use and drop
+    assert client.get(f"/v1/trainings/{queued['id']}").json()["status"] == "queued"
+    path.unlink()
 
 
 def test_feature_files_that_would_train_on_guesses_are_refused(

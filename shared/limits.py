@@ -1,0 +1,123 @@
+"""Request bodies are bounded, and only a caller with credentials may send one.
+
+FastAPI reads and parses a body before it resolves the authentication dependency,
+so without this an anonymous caller could make a service hold, or spool to disk,
+any body up to the upload limit before hearing 401. The middleware runs first:
+
+* a request that carries a body (POST, PUT, PATCH) without acceptable credentials
+  is answered 401 before one byte of it is read;
+* a multipart upload may reach ``max_upload_bytes``: a declared
+  ``Content-Length`` above it is 413 before reading, a chunked one is counted as
+  it streams and refused as soon as it passes, so it never fills the disk beyond;
+* any other body (JSON) may reach ``max_json_bytes``, a much smaller bound, since
+  it is parsed whole in memory: it is read here, 413 above the bound, and handed
+  on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shared.errors import ServiceError, error_response
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class BodyLimitMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_upload_bytes: int,
+        max_json_bytes: int,
+        too_large: type[ServiceError],
+        authorized: Callable[[Headers], bool],
+        unauthorized_message: str,
+    ) -> None:
+        self.app = app
+        self.max_upload_bytes = max_upload_bytes
+        self.max_json_bytes = max_json_bytes
+        self.too_large = too_large
+        self.authorized = authorized
+        self.unauthorized_message = unauthorized_message
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if not self.authorized(headers):
+            await error_response(401, "unauthorized", self.unauthorized_message)(
+                scope, receive, send
+            )
+            return
+        upload = headers.get("content-type", "").startswith("multipart/form-data")
+        limit = self.max_upload_bytes if upload else self.max_json_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await self._refuse(limit, upload)(scope, receive, send)
+            return
+        if upload:
+            await self.app(scope, self._counting(receive, limit), send)
+            return
+        body = await _read_at_most(receive, limit)
+        if body is None:
+            await self._refuse(limit, upload)(scope, receive, send)
+            return
+        await self.app(scope, _replaying(body, receive), send)
+
+    def _refuse(self, limit: int, upload: bool) -> JSONResponse:
+        kind = "uploads" if upload else "non-upload request bodies"
+        return error_response(
+            413, self.too_large.code, f"{kind} are limited to {limit} bytes", {"limit": limit}
+        )
+
+    def _counting(self, receive: Receive, limit: int) -> Receive:
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise self.too_large(f"uploads are limited to {limit} bytes", {"limit": limit})
+            return message
+
+        return counting_receive
+
+
+async def _read_at_most(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it passes ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size, more = 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body already read, then the original's
+    messages (a disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
