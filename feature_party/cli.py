@@ -1,4 +1,5 @@
-"""``labeldp feature-party …``: the service, the worker, and job commands.
+"""``labeldp feature-party …``: the service, the worker, jobs, LP-MST and models
+(the plain client commands live in :mod:`feature_party.cli_client`).
 
 ``feature_party.cli.register(commands)`` adds the ``feature-party`` command to
 the ``labeldp`` parser; ``python -m feature_party`` runs the same commands alone.
@@ -14,22 +15,29 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-import httpx
-
+from feature_party.cli_client import (
+    CommandError,
+    add_jobs_submit,
+    add_models_predict,
+    call,
+    json_arg,
+    labels_party_token,
+    register_feature_sets,
+    register_labels,
+    segment,
+    service_url,
+)
 from feature_party.config import Settings, get_settings
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.worker_loop import WorkerBusyError, run_queue_worker
 
 
-class CommandError(Exception):
-    """A command-line input the user must fix."""
-
-
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    fp = commands.add_parser("feature-party", help="the features party: service, worker, jobs")
+    fp = commands.add_parser(
+        "feature-party", help="the features party: service, worker and client commands"
+    )
     sub = fp.add_subparsers(dest="feature_party_command", required=True, metavar="ACTION")
 
     epilog = settings_epilog(
@@ -51,7 +59,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     jobs = sub.add_parser(
         "jobs",
-        help="inspect training jobs",
+        help="submit, inspect and cancel training jobs",
         description="Inspect training jobs; authenticates with the features party's admin "
         "token, LABELDP_ADMIN_TOKEN.",
     )
@@ -72,6 +80,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
         p.set_defaults(handler=handlers[name])
 
+    add_jobs_submit(jobs_sub)
+    register_feature_sets(sub)
+    register_labels(sub)
     _register_multistage(sub)
     _register_models(sub)
 
@@ -89,26 +100,19 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     imp.add_argument("--labels-party-url", required=True)
     imp.add_argument("--training", required=True, help="training id at the labels party")
-    _service_url(imp)
+    service_url(imp)
     imp.set_defaults(handler=run_models_import)
+    add_models_predict(models_sub)
 
 
 def run_models_import(args: argparse.Namespace) -> int:
     body = {
         "labels_party_url": args.labels_party_url,
-        "token": _labels_party_token(),
+        "token": labels_party_token(),
         "training_id": args.training,
     }
-    print(json.dumps(_call("POST", args.url, "/v1/models/import", body), indent=2))
+    print(json.dumps(call("POST", args.url, "/v1/models/import", body), indent=2))
     return 0
-
-
-def _service_url(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--url",
-        default=os.environ.get("LABELDP_FEATURE_PARTY_URL", "http://127.0.0.1:8002"),
-        help="features-party URL (env LABELDP_FEATURE_PARTY_URL)",
-    )
 
 
 def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -154,7 +158,7 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="training configuration: a JSON object or a path to one (task is classification)",
     )
     start.add_argument("--no-watch", action="store_true", help="print the run and exit")
-    _service_url(start)
+    service_url(start)
     start.set_defaults(handler=run_multistage_start)
     for name, help_, handler in (
         ("get", "print a run as JSON", "get"),
@@ -163,20 +167,9 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
     ):
         p = ms_sub.add_parser(name, help=help_)
         p.add_argument("run_id")
-        _service_url(p)
+        service_url(p)
         p.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
         p.set_defaults(handler=run_multistage, multistage_action=handler)
-
-
-def _token() -> str:
-    """The features party's admin token, which its client commands present."""
-    try:
-        return get_settings().require_admin_token(
-            "this command authenticates to the features party with its admin token; set "
-            "LABELDP_ADMIN_TOKEN to the token the features-party service runs with"
-        )
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -209,31 +202,8 @@ def run_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _call(method: str, url: str, path: str, body: Any = None) -> dict[str, Any]:
-    """One request to the features party; its error as a :class:`CommandError`."""
-    try:
-        response = httpx.request(
-            method,
-            f"{url.rstrip('/')}{path}",
-            json=body,
-            headers={"Authorization": f"Bearer {_token()}"},
-            timeout=60,
-        )
-    except httpx.TransportError as exc:
-        raise CommandError(f"cannot reach {url}: {exc}") from None
-    try:
-        data: dict[str, Any] = response.json()
-    except ValueError:
-        raise CommandError(f"{url} answered {response.status_code} without JSON") from None
-    if response.status_code >= 400:
-        # The detail names what to fix (a field, the rows at fault), as label-party shows it.
-        detail = f" {json.dumps(data['detail'])}" if data.get("detail") else ""
-        raise CommandError(f"{data.get('error')}: {data.get('message')}{detail}")
-    return data
-
-
 def _get_job(url: str, job_id: str) -> dict[str, Any]:
-    return _call("GET", url, f"/v1/jobs/{job_id}")
+    return call("GET", url, f"/v1/jobs/{segment(job_id)}")
 
 
 def run_jobs_get(args: argparse.Namespace) -> int:
@@ -264,7 +234,7 @@ def progress_line(job: dict[str, Any], width: int = 30) -> str:
 
 
 def run_jobs_cancel(args: argparse.Namespace) -> int:
-    print(json.dumps(_call("DELETE", args.url, f"/v1/jobs/{args.job_id}"), indent=2))
+    print(json.dumps(call("DELETE", args.url, f"/v1/jobs/{segment(args.job_id)}"), indent=2))
     return 0
 
 
@@ -288,32 +258,13 @@ def run_jobs_watch(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
-def _labels_party_token() -> str:
-    token = os.environ.get("LABELDP_LABELS_PARTY_TOKEN", "")
-    if not token:
-        raise CommandError("set LABELDP_LABELS_PARTY_TOKEN to your labels-party client token")
-    return token
-
-
-def _json_arg(text: str, what: str) -> dict[str, Any]:
-    try:
-        # Text that looks like JSON is JSON; anything else names a file.
-        source = text if text.lstrip()[:1] in ("{", "[", '"') else Path(text).read_text()
-        value = json.loads(source)
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"{what}: not a JSON object nor a readable JSON file: {exc}") from None
-    if not isinstance(value, dict):
-        raise CommandError(f"{what} must be a JSON object")
-    return value
-
-
 def run_multistage_start(args: argparse.Namespace) -> int:
     training = {"task": "classification", "loss": "cross-entropy"}
-    training.update(_json_arg(args.training, "--training"))
+    training.update(json_arg(args.training, "--training"))
     body: dict[str, Any] = {
         "feature_set_id": args.feature_set,
         "labels_party_url": args.labels_party_url,
-        "token": _labels_party_token(),
+        "token": labels_party_token(),
         "dataset_id": args.dataset,
         "epsilon": args.epsilon,
         "temperature": args.temperature,
@@ -333,7 +284,7 @@ def run_multistage_start(args: argparse.Namespace) -> int:
         body["seed"] = args.seed
     if args.part_prefix is not None:
         body["part_prefix"] = args.part_prefix
-    run = _call("POST", args.url, "/v1/multistage", body)
+    run = call("POST", args.url, "/v1/multistage", body)
     if args.no_watch:
         print(json.dumps(run, indent=2))
         return 0
@@ -342,12 +293,12 @@ def run_multistage_start(args: argparse.Namespace) -> int:
 
 
 def run_multistage(args: argparse.Namespace) -> int:
-    path = f"/v1/multistage/{args.run_id}"
+    path = f"/v1/multistage/{segment(args.run_id)}"
     if args.multistage_action == "get":
-        print(json.dumps(_call("GET", args.url, path), indent=2))
+        print(json.dumps(call("GET", args.url, path), indent=2))
         return 0
     if args.multistage_action == "resume":
-        _call("POST", args.url, f"{path}/resume", {"token": _labels_party_token()})
+        call("POST", args.url, f"{path}/resume", {"token": labels_party_token()})
     return _watch_run(args.url, args.run_id, interval=args.interval)
 
 
@@ -376,7 +327,7 @@ def stage_line(stage: dict[str, Any], stages: int) -> str:
 def _watch_run(url: str, run_id: str, *, interval: float) -> int:
     shown: dict[int, str] = {}
     while True:
-        run = _call("GET", url, f"/v1/multistage/{run_id}")
+        run = call("GET", url, f"/v1/multistage/{run_id}")
         for stage in run["stages"]:
             line = stage_line(stage, run["config"]["stages"])
             if shown.get(stage["stage"]) != line:

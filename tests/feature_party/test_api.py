@@ -177,6 +177,31 @@ def test_unreadable_and_oversized_files(tmp_path: Path, client: httpx.Client) ->
     assert r.json()["error"] == "payload_too_large"
 
 
+def test_bodies_are_bounded_and_anonymous_bodies_are_refused_first(tmp_path: Path) -> None:
+    """Without a token a body is 401 before it is read (an upload was spooled to disk
+    whole first); JSON has its own bound, uploads theirs; a failed upload leaves no
+    temporary file."""
+    settings = make_settings(tmp_path / "s", max_upload_bytes=4096, max_json_bytes=1000)
+    csv = "example_id,a\n" + "".join(f"{i},{i}\n" for i in range(200))  # ~1.5 kB
+    job = {"feature_set_id": "x" * 2000, "labels_id": "y"}
+    with running_service(settings) as fp:
+        r = fp.post("/v1/feature-sets", files={"file": ("f.csv", csv)})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = fp.post("/v1/feature-sets", headers={"Authorization": "Bearer wrong"},
+                    files={"file": ("f.csv", csv)})  # fmt: skip
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+        r = fp.post("/v1/jobs", headers=AUTH, json=job)
+        assert r.status_code == 413 and r.json()["detail"] == {"limit": 1000}
+        r = fp.post("/v1/jobs", headers={**AUTH, "content-type": "application/json"},
+                    content=iter([json.dumps(job).encode()]))  # fmt: skip
+        assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+        r = fp.post("/v1/feature-sets", headers=AUTH, files={"file": ("f.csv", csv)})
+        assert r.status_code == 201, r.text
+        r = fp.post("/v1/feature-sets", headers=AUTH, files={"file": ("f.csv", csv * 3)})
+        assert r.status_code == 413
+    assert list((settings.data_dir / "tmp").glob("*.upload")) == []
+
+
 def test_receive_train_predict(
     client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
 ) -> None:
@@ -332,10 +357,33 @@ def test_hash_mismatch_is_refused(
     r = receive(client, labels_party, fs["id"])
     assert r.status_code == 502
     assert r.json()["error"] == "release_integrity_error"
+    assert r.json()["detail"]["release_id"] == "rel-1" and "ε spent" in r.json()["message"]
     assert not (settings.data_dir / "received").exists()
     # The release exists (it was spent); fetching it again by id is refused too.
     r = receive(client, labels_party, fs["id"], release=None, release_id="rel-1")
     assert r.status_code == 502
+
+
+def test_a_download_that_fails_after_the_release_names_the_release(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    """The release was made and paid for: the error must say which, so that the
+    retry fetches it by id instead of buying another under a fresh idempotency key."""
+    data = synthetic(30)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    labels_party.fail_gets = settings.client_retries + 1
+    fs = upload(client, data.features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 502, r.text
+    body = r.json()
+    release_id = body["detail"]["release_id"]
+    assert body["error"] in ("labels_party_unavailable", "labels_party_error")
+    assert "ε spent" in body["message"] and release_id in body["message"]
+    assert list((settings.data_dir / "tmp").glob("*")) == []
+    labels_party.fail_gets = 0
+    again = receive(client, labels_party, fs["id"], release=None, release_id=release_id)
+    assert again.status_code == 201, again.text
+    assert labels_party.spent == 1.0  # one release, paid once
 
 
 def _three_class_rr_release(client: httpx.Client, labels_party: FakeLabelsParty) -> dict[str, str]:
@@ -432,6 +480,64 @@ def test_the_cli_cancels_a_job(
     assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
     assert main(command) == 2  # already cancelled
     assert "job_finished" in capsys.readouterr().err
+
+
+def test_the_cli_drives_the_whole_publisher_flow(
+    tmp_path: Path,
+    client: httpx.Client,
+    settings: Settings,
+    labels_party: FakeLabelsParty,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """feature-sets upload → labels receive → jobs submit → models predict, from the
+    CLI alone (DESIGN.md §6: client commands for both APIs)."""
+    from labeldp.cli import main
+
+    def run(*command: str) -> dict[str, Any]:
+        assert main(["feature-party", *command, "--url", str(client.base_url)]) == 0
+        answer: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return answer
+
+    data = synthetic(300, seed=2)
+    ids = data.features.column("example_id").to_pylist()
+    labels_party.set_labels(ids, list(data.noisy))
+    features = tmp_path / "features.parquet"
+    pq.write_table(data.features, features)
+    monkeypatch.setenv("LABELDP_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("LABELDP_LABELS_PARTY_TOKEN", TOKEN)
+    fs = run("feature-sets", "upload", str(features), "--name", "publisher")
+    assert fs["num_rows"] == 300 and run("feature-sets", "get", fs["id"])["id"] == fs["id"]
+    where = ("--feature-set", fs["id"], "--labels-party-url", labels_party.url,
+             "--dataset", labels_party.dataset_id)  # fmt: skip
+    received = run("labels", "receive", *where, "--mechanism", "laplace", "--epsilon", "1",
+                   "--idempotency-key", "cli-1")  # fmt: skip
+    again = run("labels", "receive", *where, "--mechanism", "laplace", "--epsilon", "1",
+                "--idempotency-key", "cli-1")  # fmt: skip
+    assert again["release_id"] == received["release_id"] and labels_party.spent == 1.0
+    free = run("labels", "receive", *where, "--release", received["release_id"])
+    assert free["sha256"] == received["sha256"] and labels_party.spent == 1.0
+    assert main(["feature-party", "labels", "receive", *where, "--url", str(client.base_url),
+                 "--release", "rel-1", "--epsilon", "1"]) == 2  # fmt: skip
+    assert "give no release options" in capsys.readouterr().err
+    config = {"task": "regression", "loss": "squared", "epochs": 1, "hidden": [8]}
+    job = run("jobs", "submit", "--feature-set", fs["id"], "--labels", received["id"],
+              "--config", json.dumps(config))  # fmt: skip
+    database = Database(settings.resolved_database_url)
+    try:
+        assert Worker(database, settings).run(once=True) == 1
+    finally:
+        database.dispose()
+    model_id = run("jobs", "get", job["id"])["model_id"]
+    rows = tmp_path / "rows.parquet"
+    pq.write_table(data.features.slice(0, 4), rows)
+    predicted = run("models", "predict", model_id, str(rows))
+    assert predicted["example_id"] == ids[:4] and len(predicted["prediction"]) == 4
+    out = tmp_path / "predictions.csv"
+    assert main(["feature-party", "models", "predict", model_id, str(rows), "--output", str(out),
+                 "--url", str(client.base_url)]) == 0  # fmt: skip
+    assert out.read_text().splitlines()[0] == "example_id,prediction"
+    assert len(out.read_text().splitlines()) == 5
 
 
 def test_invalid_job_config_is_422(client: httpx.Client) -> None:
