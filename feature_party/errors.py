@@ -79,3 +79,11 @@ class StorageUnavailableError(FeaturePartyError):
 
 def not_found(kind: str, id_: str) -> NotFoundError:
     return NotFoundError(f"no {kind} with id {id_!r}", detail={"kind": kind, "id": id_})
+
+
+def no_join(message: str, *, num_labels: int, num_features: int, matched: int, unmatched: int
+            ) -> InvalidInputError:  # fmt: skip
+    """422 ``no_join``: labels and features share no ``example_id`` (counts only)."""
+    detail = {"num_labels": num_labels, "num_features": num_features, "matched": matched,
+              "unmatched": unmatched}  # fmt: skip
+    return InvalidInputError(message, code="no_join", detail=detail)

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from feature_party import cli as feature_cli
+from feature_party.cli_client import CommandError as FeatureCommandError
 from feature_party.client import LabelsPartyError, LabelsPartyHTTPError
 from label_party import cli as label_cli
 from labeldp import demo, experiment
@@ -83,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(attach_token_values(sys.argv[1:] if argv is None else argv))
     try:
         result: int = args.handler(args)
-    except (label_cli.CommandError, feature_cli.CommandError, WorkerBusyError, ValueError) as exc:
+    except (label_cli.CommandError, FeatureCommandError, WorkerBusyError, ValueError) as exc:
         print(f"labeldp: error: {_shown(exc)}", file=sys.stderr)
         return 2
     except RUNTIME_ERRORS as exc:

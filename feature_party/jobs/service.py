@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
-from feature_party.errors import ConflictError, InvalidInputError
+from feature_party.errors import ConflictError, InvalidInputError, no_join
 from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.schemas import JobAccepted, JobCreate, JobRead
@@ -29,15 +29,12 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
     else:
         matched, unmatched = labels.matched, labels.unmatched
     if matched == 0:
-        raise InvalidInputError(
+        raise no_join(
             "the received labels do not join the feature set on example_id",
-            code="no_join",
-            detail={
-                "num_labels": labels.num_labels,
-                "num_features": feature_set.num_rows,
-                "matched": matched,
-                "unmatched": unmatched,
-            },
+            num_labels=labels.num_labels,
+            num_features=feature_set.num_rows,
+            matched=matched,
+            unmatched=unmatched,
         )
     config = body.training()
     roles = feature_set.roles or {}

@@ -32,6 +32,7 @@ from feature_party.errors import (
     LabelsPartyRefusedError,
     StorageUnavailableError,
     UpstreamError,
+    no_join,
 )
 from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.orm import FeatureSet, ReceivedLabels
@@ -153,16 +154,13 @@ def _store(
         raise _integrity("the release repeats example_ids", manifest.id)
     matched, unmatched = count_join(settings.data_dir / feature_set.path, labels)
     if matched == 0:
-        raise InvalidInputError(
+        raise no_join(
             "no received label joins the feature set on example_id; use a feature set "
             "that covers its example_ids",
-            code="no_join",
-            detail={
-                "num_labels": manifest.num_labels,
-                "num_features": feature_set.num_rows,
-                "matched": matched,
-                "unmatched": unmatched,
-            },
+            num_labels=manifest.num_labels,
+            num_features=feature_set.num_rows,
+            matched=matched,
+            unmatched=unmatched,
         )
     relative = Path("received") / f"{manifest.sha256}.parquet"
     (settings.data_dir / relative).parent.mkdir(parents=True, exist_ok=True)
