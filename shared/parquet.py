@@ -10,6 +10,10 @@ import hashlib
 import os
 import uuid
 from pathlib import Path
+from typing import IO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 HASH_BLOCK = 1 << 22
 
@@ -54,3 +58,53 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: An uploaded Parquet file may decode to at most this many times its own size …
+#: (legitimate files go up to ~100×: ids with long shared prefixes, labels from a
+#: small domain, all-zero one-hot feature columns that run-length encode to nothing)
+MAX_EXPANSION = 1000
+#: … or to this many bytes, whichever is more.
+MIN_DECODED_BYTES = 256 << 20
+_BATCH_ROWS = 1 << 16
+
+
+class ParquetTooLargeError(ValueError):
+    """An uploaded Parquet file decodes to far more than it weighs (a compression
+    bomb: a few hundred kB of repeated long strings can decode to gigabytes)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the Parquet file decodes to more than {limit} bytes ({MAX_EXPANSION}× its "
+            "size, and at least 256 MiB); split it or send CSV"
+        )
+        self.limit = limit
+
+
+def read_parquet_bounded(
+    source: IO[bytes] | Path,
+    columns: list[str] | None = None,
+    *,
+    memory_map: bool = False,
+    min_decoded_bytes: int = MIN_DECODED_BYTES,
+) -> pa.Table:
+    """``pq.read_table`` for uploads: read batch by batch, and stop with
+    :class:`ParquetTooLargeError` once the decoded data passes the bound, before
+    the service has spent the memory."""
+    if isinstance(source, Path):
+        size = source.stat().st_size
+        file = pq.ParquetFile(source, memory_map=memory_map)
+    else:
+        size = source.seek(0, os.SEEK_END)
+        source.seek(0)
+        file = pq.ParquetFile(source)
+    limit = max(MAX_EXPANSION * size, min_decoded_bytes)
+    batches, decoded = [], 0
+    for batch in file.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+        decoded += batch.nbytes
+        if decoded > limit:
+            raise ParquetTooLargeError(limit)
+        batches.append(batch)
+    if batches:
+        return pa.Table.from_batches(batches)
+    return file.read(columns=columns)  # no rows: the file's own (empty) table

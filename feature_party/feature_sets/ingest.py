@@ -16,11 +16,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
-from feature_party.errors import InvalidInputError
+from feature_party.errors import InvalidInputError, PayloadTooLargeError
 from feature_party.feature_sets.schemas import ColumnInfo, SchemaDeclaration
 from feature_party.training.data import ColumnRoles, as_string
+from shared.parquet import ParquetTooLargeError, read_parquet_bounded
 
 MAX_REPORTED = 20
 ID = "example_id"
@@ -55,13 +55,15 @@ def read_table(path: Path, *, filename: str | None, text_columns: Collection[str
     name = (filename or "").lower()
     try:
         if magic == b"PAR1" or name.endswith((".parquet", ".pq")):
-            return pq.read_table(path, memory_map=True)
+            return read_parquet_bounded(path, memory_map=True)
         return pacsv.read_csv(
             path,
             convert_options=pacsv.ConvertOptions(
                 column_types={name: pa.string() for name in (ID, *text_columns)}
             ),
         )
+    except ParquetTooLargeError as exc:
+        raise PayloadTooLargeError(str(exc), detail={"limit": exc.limit}) from None
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
         raise _bad_file(f"cannot read the file: {exc}") from None
 

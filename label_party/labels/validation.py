@@ -25,7 +25,8 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from label_party.datasets.domain import ClassificationDomain, RegressionDomain
-from label_party.exceptions import InvalidLabelsError
+from label_party.exceptions import InvalidLabelsError, PayloadTooLargeError
+from shared.parquet import ParquetTooLargeError, read_parquet_bounded
 
 FileFormat = Literal["csv", "parquet", "jsonl"]
 MAX_REPORTED = 100
@@ -66,8 +67,7 @@ def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = CO
     try:
         if fmt == "parquet":
             _require_columns(pq.ParquetFile(source).schema_arrow.names, columns)
-            source.seek(0)
-            table = pq.read_table(source, columns=list(columns))
+            table = read_parquet_bounded(source, list(columns))
         elif fmt == "csv":
             table = pcsv.read_csv(
                 source,
@@ -87,6 +87,8 @@ def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = CO
             table = table.select(list(columns))
     except InvalidLabelsError:
         raise
+    except ParquetTooLargeError as exc:
+        raise PayloadTooLargeError(str(exc), {"limit": exc.limit}) from None
     except (pa.ArrowException, OSError):
         # Parser messages can quote file content, so they are not passed on.
         if fmt == "jsonl":

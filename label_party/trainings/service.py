@@ -56,6 +56,7 @@ from label_party.exceptions import (
     IdempotencyConflictError,
     InvalidRequestError,
     NotFoundError,
+    PayloadTooLargeError,
 )
 from label_party.labels.validation import FileFormat
 from label_party.ledger import service as ledger
@@ -78,7 +79,7 @@ from label_party.trainings import repository
 from label_party.trainings.plan import InfeasiblePlanError, noise_plan
 from label_party.trainings.schemas import TrainingRead, TrainingSpec
 from shared.lease_queue import Status
-from shared.parquet import publish_by_hash, temp_path
+from shared.parquet import ParquetTooLargeError, publish_by_hash, read_parquet_bounded, temp_path
 
 logger = logging.getLogger("label_party.trainings")
 
@@ -93,11 +94,13 @@ def _read_any(source: IO[bytes], fmt: FileFormat) -> pa.Table:
     """The uploaded table; parser messages are not passed on (they quote content)."""
     try:
         if fmt == "parquet":
-            return pq.read_table(source)
+            return read_parquet_bounded(source)
         if fmt == "csv":
             options = pcsv.ConvertOptions(column_types={"example_id": pa.string()})
             return pcsv.read_csv(source, convert_options=options)
         return pjson.read_json(source)
+    except ParquetTooLargeError as exc:
+        raise PayloadTooLargeError(str(exc), {"limit": exc.limit}) from None
     except (pa.ArrowException, OSError):
         raise InvalidRequestError(f"the features file could not be read as {fmt}") from None
 

@@ -1,5 +1,6 @@
-"""Publishing a file by its hash: the name is the checksum, and the file and the
-rename are on disk before the caller commits a row that points at it."""
+"""Parquet files on disk: publishing a file by its hash (the name is the checksum;
+the file and the rename are on disk before the caller commits a row that points at
+it), and reading an upload with a bound on what it decodes to."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import hashlib
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from shared.parquet import publish_by_hash, temp_path
+from shared.parquet import (
+    MAX_EXPANSION,
+    ParquetTooLargeError,
+    publish_by_hash,
+    read_parquet_bounded,
+    temp_path,
+)
 
 
 def test_publish_names_the_file_by_its_hash_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -41,3 +50,31 @@ def test_publish_fsyncs_the_file_then_the_directory_after_the_rename(
     tmp.write_bytes(b"x")
     publish_by_hash(tmp, releases)
     assert [(Path(path), renamed) for path, renamed in synced] == [(tmp, False), (releases, True)]
+
+
+def test_a_parquet_bomb_is_refused_before_it_is_decoded_whole(tmp_path: Path) -> None:
+    """A few kB of one repeated long string decode to megabytes: the reader stops
+    once the decoded size passes 1000× the file's (here with a 1 MiB floor)."""
+    bomb = tmp_path / "bomb.parquet"
+    ids = pa.array(["x" * 10_000] * 5_000)  # 50 MB decoded, dictionary-encoded on disk
+    pq.write_table(pa.table({"example_id": ids, "label": pa.array([1.0] * 5_000)}), bomb,
+                   compression="zstd")  # fmt: skip
+    assert bomb.stat().st_size < 100_000
+    with pytest.raises(ParquetTooLargeError) as refused:
+        read_parquet_bounded(bomb, ["example_id"], min_decoded_bytes=1 << 20)
+    assert refused.value.limit == max(MAX_EXPANSION * bomb.stat().st_size, 1 << 20)
+    with bomb.open("rb") as fh, pytest.raises(ParquetTooLargeError):
+        read_parquet_bounded(fh, min_decoded_bytes=1 << 20)
+
+
+def test_a_bounded_read_is_the_plain_read(tmp_path: Path) -> None:
+    path = tmp_path / "labels.parquet"
+    table = pa.table({"example_id": [f"e{i}" for i in range(200_000)],
+                      "label": pa.array(range(200_000), pa.float64())})  # fmt: skip
+    pq.write_table(table, path, row_group_size=50_000)
+    assert read_parquet_bounded(path).equals(pq.read_table(path))
+    with path.open("rb") as fh:
+        assert read_parquet_bounded(fh, ["label"]).equals(pq.read_table(path, columns=["label"]))
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(table.slice(0, 0), empty)
+    assert read_parquet_bounded(empty, ["example_id"]).column_names == ["example_id"]
