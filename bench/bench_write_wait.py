@@ -93,6 +93,8 @@ def measure(n: int) -> dict[str, Any]:
                     waits.append(time.perf_counter() - start)
                     time.sleep(0.2)
                 thread.join()
+                if "seconds" not in upload:
+                    raise RuntimeError("the upload failed (see the thread's error above)")
         finally:
             server.terminate()
             server.wait()
@@ -101,8 +103,8 @@ def measure(n: int) -> dict[str, Any]:
         "csv_bytes": csv_bytes,
         "upload_seconds": round(upload["seconds"], 2),
         "small_writes": len(waits),
-        "max_wait_seconds": round(max(waits), 3),
-        "median_wait_seconds": round(statistics.median(waits), 3),
+        "max_wait_seconds": round(max(waits), 3) if waits else None,
+        "median_wait_seconds": round(statistics.median(waits), 3) if waits else None,
     }
 
 

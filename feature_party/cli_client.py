@@ -216,7 +216,10 @@ def receive_body(args: argparse.Namespace) -> dict[str, Any]:
             raise CommandError(f"--{name.replace('_', '-')} must be a finite number ≥ 0")
     release: dict[str, Any] = {"mechanism": {"name": args.mechanism}, "epsilon": args.epsilon}
     if args.params:
-        release["mechanism"]["params"] = json_arg(args.params, "--params")
+        params = json_arg(args.params, "--params")
+        if "name" in params:
+            raise CommandError("--params holds the parameters only; the name is --mechanism")
+        release["mechanism"].update(params)  # the API takes them beside "name"
     if args.prior_epsilon is not None:
         release["prior_epsilon"] = args.prior_epsilon
     if args.parts:

@@ -27,6 +27,11 @@ from shared.errors import ServiceError, error_response
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
+def is_multipart(content_type: str | None) -> bool:
+    """Whether a request is a multipart upload (media types are case-insensitive)."""
+    return (content_type or "").split(";")[0].strip().lower() == "multipart/form-data"
+
+
 class BodyLimitMiddleware:
     def __init__(
         self,
@@ -55,14 +60,14 @@ class BodyLimitMiddleware:
                 scope, receive, send
             )
             return
-        upload = headers.get("content-type", "").startswith("multipart/form-data")
+        upload = is_multipart(headers.get("content-type"))
         limit = self.max_upload_bytes if upload else self.max_json_bytes
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await self._refuse(limit, upload)(scope, receive, send)
             return
         if upload:
-            await self.app(scope, self._counting(receive, limit), send)
+            await self._streamed(scope, receive, send, limit)
             return
         body = await _read_at_most(receive, limit)
         if body is None:
@@ -76,19 +81,31 @@ class BodyLimitMiddleware:
             413, self.too_large.code, f"{kind} are limited to {limit} bytes", {"limit": limit}
         )
 
-    def _counting(self, receive: Receive, limit: int) -> Receive:
-        seen = 0
+    async def _streamed(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """Hand the upload on as it streams, counting; past ``limit`` the read fails and
+        whatever the app answers to that (FastAPI turns a failed form read into
+        400) is replaced by the 413."""
+        seen, refused, answered = 0, False, False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
+                    refused = True
                     raise self.too_large(f"uploads are limited to {limit} bytes", {"limit": limit})
             return message
 
-        return counting_receive
+        async def guarded_send(message: Message) -> None:
+            nonlocal answered
+            if not refused:
+                await send(message)
+            elif not answered:
+                answered = True
+                await self._refuse(limit, True)(scope, receive, send)
+
+        await self.app(scope, counting_receive, guarded_send)
 
 
 async def _read_at_most(receive: Receive, limit: int) -> bytes | None:

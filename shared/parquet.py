@@ -6,6 +6,7 @@ file is named by the SHA-256 of its bytes, so the name is also its checksum.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import uuid
@@ -56,6 +57,11 @@ def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        # Some network and FUSE filesystems cannot sync a directory; they give no
+        # stronger promise to keep, so the write stands (as SQLite does there).
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 
@@ -99,6 +105,10 @@ def read_parquet_bounded(
         source.seek(0)
         file = pq.ParquetFile(source)
     limit = max(MAX_EXPANSION * size, min_decoded_bytes)
+    names = file.schema_arrow.names
+    for name in columns or ():
+        if names.count(name) != 1:  # as pq.read_table: a column must name one field
+            raise pa.ArrowInvalid(f"column {name!r} occurs {names.count(name)} times")
     batches, decoded = [], 0
     for batch in file.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
         decoded += batch.nbytes

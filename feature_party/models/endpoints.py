@@ -13,11 +13,12 @@ from starlette.datastructures import UploadFile
 
 from feature_party.config import Settings
 from feature_party.deps import SessionDep, SettingsDep
-from feature_party.errors import InvalidInputError, PayloadTooLargeError
+from feature_party.errors import InvalidInputError
 from feature_party.exception_handlers import ERROR_RESPONSES
 from feature_party.models import service
 from feature_party.models.schemas import ModelImport, ModelRead, Predictions, PredictRows
 from feature_party.uploads import spooled
+from shared.limits import is_multipart
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=ERROR_RESPONSES)
 
@@ -77,10 +78,7 @@ async def predict(
     request: Request, session: SessionDep, settings: SettingsDep, model_id: str
 ) -> Predictions:
     """Predict from a multipart ``file`` (CSV or Parquet) or JSON ``{"rows": [...]}``."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes:
-        raise PayloadTooLargeError(f"the request is larger than {settings.max_upload_bytes} bytes")
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+    if is_multipart(request.headers.get("content-type")):
         async with request.form() as form:
             upload = form.get("file")
             if not isinstance(upload, UploadFile):

@@ -116,6 +116,10 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
         client.download_labels(manifest.id, tmp, expected_sha256=manifest.sha256)
     except UPSTREAM_ERRORS as exc:
         raise _naming_release(upstream_error(exc), manifest.id, request) from None
+    except OSError as exc:  # writing the download here failed, after the release was made
+        if storage_problem(exc) is None:
+            raise
+        raise _naming_release(StorageUnavailableError(exc), manifest.id, request) from None
     return manifest
 
 
@@ -129,8 +133,10 @@ def _naming_release(error: FeaturePartyError, release_id: str, request: Received
             f"; release {release_id} was made and its ε spent: fetch it again at no cost "
             "with its release_id"
         )
-    extra = error.detail if isinstance(error.detail, dict) else {}
-    error.detail = {"release_id": release_id, **extra}
+    if isinstance(error.detail, dict):
+        error.detail = {"release_id": release_id, **error.detail}
+    else:
+        error.detail = {"release_id": release_id, "detail": error.detail}
     return error
 
 

@@ -8,6 +8,7 @@ runs, so a training in any status freezes them, cancelled and failed ones too.)
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import IO
 
@@ -25,6 +26,8 @@ from label_party.ledger.service import lock_dataset
 from label_party.releases import repository as releases_repository
 from label_party.storage import labels_path, write_table
 from label_party.trainings import repository as trainings_repository
+
+logger = logging.getLogger("label_party.labels")
 
 
 def upload(
@@ -110,4 +113,11 @@ def _delete_after_commit(session: Session, replaced: Path) -> None:
     can reference them again, since labels are replaced only while no release or
     training exists. Before the commit the row still names them; a crash between
     the commit and the deletion leaves them to the start-up sweep (``orphans/``)."""
-    event.listen(session, "after_commit", lambda _s: replaced.unlink(missing_ok=True), once=True)
+
+    def delete(_session: Session) -> None:
+        try:
+            replaced.unlink(missing_ok=True)
+        except OSError as exc:  # the labels are stored: do not fail the request for it
+            logger.error("replaced labels not deleted", exc_info=exc)
+
+    event.listen(session, "after_commit", delete, once=True)

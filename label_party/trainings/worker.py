@@ -205,19 +205,23 @@ class Worker(PollingWorker):
             shared.stop.set()
             beat.join()
             log.error("training %s failed: %s", training_id, traceback.format_exc())
-            if self._finish_failed(training_id, public_error(exc)):
-                self._drop_checkpoint(training_id)
+            self._finish_failed(training_id, public_error(exc))
+            self._drop_checkpoint_if_final(training_id)
             return
         shared.stop.set()
         beat.join()
-        if self._record_success(training_id, artifact, accounting, metrics, shared.progress):
-            self._drop_checkpoint(training_id)
+        self._record_success(training_id, artifact, accounting, metrics, shared.progress)
+        self._drop_checkpoint_if_final(training_id)
 
-    def _drop_checkpoint(self, training_id: str) -> None:
-        """A finished training never resumes. (An interrupted one keeps its
-        checkpoint: the next claim goes on from it; so does one that another worker
-        took over, whose checkpoint is now that worker's.)"""
-        training_checkpoint_path(self.settings, training_id).unlink(missing_ok=True)
+    def _drop_checkpoint_if_final(self, training_id: str) -> None:
+        """A finished training (ours, or cancelled meanwhile) never resumes, so its
+        checkpoint goes; one that another worker took over after our lease ran out
+        keeps it: that worker goes on from it."""
+        with transaction(self.db.writer) as session:
+            training = session.get(Training, training_id)
+            finished = training is None or Status(training.status).is_final
+        if finished:
+            training_checkpoint_path(self.settings, training_id).unlink(missing_ok=True)
 
     def _train(
         self, training_id: str, spec: dict[str, Any], data: Prepared, shared: _Shared
@@ -274,14 +278,8 @@ class Worker(PollingWorker):
                 shared.stop.set()
 
     def _after_interrupt(self, training_id: str, *, lost: bool) -> None:
-        if lost:
-            # Cancelled: nobody resumes it, so its checkpoint goes. Re-claimed by
-            # another worker (our lease ran out): that worker goes on from it.
-            with transaction(self.db.writer) as session:
-                training = session.get(Training, training_id)
-                finished = training is None or Status(training.status).is_final
-            if finished:
-                self._drop_checkpoint(training_id)
+        if lost:  # cancelled, or re-claimed by another worker
+            self._drop_checkpoint_if_final(training_id)
             return
         with transaction(self.db.writer) as session:
             repository.queue(session).release(training_id, self.worker_id)

@@ -199,6 +199,20 @@ def test_bodies_are_bounded_and_anonymous_bodies_are_refused_first(tmp_path: Pat
         assert r.status_code == 201, r.text
         r = fp.post("/v1/feature-sets", headers=AUTH, files={"file": ("f.csv", csv * 3)})
         assert r.status_code == 413
+        # Media types are case-insensitive: an upload stays an upload.
+        upload = httpx.Request("POST", fp.base_url, files={"file": ("f.csv", csv)})
+        mixed_case = upload.headers["content-type"].replace("multipart/form-data",
+                                                            "Multipart/Form-Data")  # fmt: skip
+        r = fp.post("/v1/feature-sets", headers={**AUTH, "content-type": mixed_case},
+                    content=upload.read())  # fmt: skip
+        assert r.status_code == 201, r.text
+        # No Content-Length: counted as it streams, and still 413 (not FastAPI's 400).
+        big = httpx.Request("POST", fp.base_url, files={"file": ("f.csv", csv * 3)})
+        body = big.read()
+        pieces = [body[i : i + 1000] for i in range(0, len(body), 1000)]
+        headers = {**AUTH, "content-type": big.headers["content-type"]}
+        r = fp.post("/v1/feature-sets", headers=headers, content=iter(pieces))
+        assert r.status_code == 413 and r.json()["error"] == "payload_too_large", r.text
     assert list((settings.data_dir / "tmp").glob("*.upload")) == []
 
 

@@ -1,4 +1,4 @@
-"""The command line: one worker per SQLite database; the progress bar."""
+"""The command line: one worker per SQLite database; the progress bar; client bodies."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from feature_party.cli import progress_line
 from tests.feature_party.conftest import ADMIN
@@ -56,3 +58,28 @@ def test_multistage_options_are_checked_before_any_request(tmp_path: Path) -> No
     for extra, message in cases:
         done = subprocess.run([*base, *extra], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_labels_receive_sends_the_api_s_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mechanism parameters go beside ``name`` (DESIGN.md §6), as the API reads them;
+    a free fetch carries no release options."""
+    import argparse
+
+    from feature_party.cli_client import CommandError, receive_body
+
+    monkeypatch.setenv("LABELDP_LABELS_PARTY_TOKEN", "lp-token")
+    where = {"feature_set": "fs", "labels_party_url": "http://lp", "dataset": "ds"}
+    new = {"mechanism": "rr-on-bins", "params": '{"mesh": 50}', "epsilon": 1.0,
+           "prior_epsilon": 0.1, "parts": "a, b", "idempotency_key": "k"}  # fmt: skip
+    base = {**where, "release": None, **new}
+    body = receive_body(argparse.Namespace(**base))
+    assert body["release"] == {"mechanism": {"name": "rr-on-bins", "mesh": 50}, "epsilon": 1.0,
+                               "prior_epsilon": 0.1, "parts": ["a", "b"],
+                               "idempotency_key": "k"}  # fmt: skip
+    assert body["token"] == "lp-token" and "release_id" not in body
+    with pytest.raises(CommandError, match="the name is --mechanism"):
+        receive_body(argparse.Namespace(**{**base, "params": '{"name": "rr"}'}))
+    free = {**where, "release": "r1", **dict.fromkeys(new)}
+    assert receive_body(argparse.Namespace(**free))["release_id"] == "r1"
+    with pytest.raises(CommandError, match="finite"):
+        receive_body(argparse.Namespace(**{**base, "epsilon": float("nan")}))

@@ -78,3 +78,16 @@ def test_a_bounded_read_is_the_plain_read(tmp_path: Path) -> None:
     empty = tmp_path / "empty.parquet"
     pq.write_table(table.slice(0, 0), empty)
     assert read_parquet_bounded(empty, ["example_id"]).column_names == ["example_id"]
+
+
+def test_a_column_must_name_one_field_as_in_read_table(tmp_path: Path) -> None:
+    """A repeated column name is an unreadable file (422 for an upload), not a table
+    with two ``label`` columns that fails later with a 500."""
+    path = tmp_path / "repeated.parquet"
+    table = pa.Table.from_arrays([pa.array(["a"]), pa.array([1.0]), pa.array([2.0])],
+                                 names=["example_id", "label", "label"])  # fmt: skip
+    pq.write_table(table, path)
+    with pytest.raises(pa.ArrowInvalid, match="occurs 2 times"):
+        read_parquet_bounded(path, ["example_id", "label"])
+    with pytest.raises(pa.ArrowInvalid, match="occurs 0 times"):
+        read_parquet_bounded(path, ["nope"])
