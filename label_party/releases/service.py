@@ -36,6 +36,7 @@ from label_party.exceptions import (
     InvalidRequestError,
     NotFoundError,
 )
+from label_party.labels.validation import MAX_REPORTED
 from label_party.ledger import service as ledger
 from label_party.ledger.accounting import Cost, normalize_parts
 from label_party.ledger.units import delta_decimal, epsilon_decimal, epsilon_units
@@ -122,7 +123,12 @@ def _selected_ids(
         raise InvalidRequestError("the dataset has no partition plan; omit parts")
     unknown = sorted(set(parts) - set(plan.parts))
     if unknown:
-        raise InvalidRequestError(f"unknown part(s): {', '.join(unknown)}", {"unknown": unknown})
+        # The request may name any number of parts: echo a bounded few.
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        raise InvalidRequestError(
+            f"unknown part(s): {', '.join(unknown[:20])}{more}",
+            {"unknown": unknown[:MAX_REPORTED], "num_unknown": len(unknown)},
+        )
     table = pq.read_table(partition_path(settings, plan))
     mask = pc.is_in(table.column("part"), value_set=pa.array(list(parts), pa.string()))
     return table.column("example_id").filter(mask).combine_chunks()

@@ -160,7 +160,12 @@ def test_partitions_compose_per_part(server: Server) -> None:
     budget = admin.get(f"/v1/datasets/{ds}/budget").json()
     assert budget["epsilon_spent"] == 1.0
     assert {p["name"]: p["epsilon_spent"] for p in budget["parts"]} == {"a": 1.0, "b": 1.0}
-    assert release(admin, ds, 0.1, parts=["nope"]).status_code == 422
+    unknown = release(admin, ds, 0.1, parts=["nope"])
+    assert unknown.status_code == 422
+    assert unknown.json()["detail"] == {"unknown": ["nope"], "num_unknown": 1}
+    many = release(admin, ds, 0.1, parts=["a", *(f"x{i:04d}" for i in range(500))]).json()
+    assert len(many["detail"]["unknown"]) == 100 and many["detail"]["num_unknown"] == 500
+    assert many["message"].endswith("and 480 more") and len(many["message"]) < 300
     empty = release(admin, ds, 0.1, parts=[])
     assert empty.status_code == 422 and empty.json()["detail"][0]["loc"][-1] == "parts"
     assert admin.get("/v1/audit/verify").json()["ok"] is True
