@@ -26,9 +26,9 @@ from feature_party.cli_client import (
     labels_party_token,
     register_feature_sets,
     register_labels,
-    segment,
     service_url,
 )
+from feature_party.client import path_segment
 from feature_party.config import Settings, get_settings
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.worker_loop import WorkerBusyError, run_queue_worker
@@ -203,7 +203,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def _get_job(url: str, job_id: str) -> dict[str, Any]:
-    return call("GET", url, f"/v1/jobs/{segment(job_id)}")
+    return call("GET", url, f"/v1/jobs/{path_segment(job_id)}")
 
 
 def run_jobs_get(args: argparse.Namespace) -> int:
@@ -234,7 +234,7 @@ def progress_line(job: dict[str, Any], width: int = 30) -> str:
 
 
 def run_jobs_cancel(args: argparse.Namespace) -> int:
-    print(json.dumps(call("DELETE", args.url, f"/v1/jobs/{segment(args.job_id)}"), indent=2))
+    print(json.dumps(call("DELETE", args.url, f"/v1/jobs/{path_segment(args.job_id)}"), indent=2))
     return 0
 
 
@@ -293,7 +293,7 @@ def run_multistage_start(args: argparse.Namespace) -> int:
 
 
 def run_multistage(args: argparse.Namespace) -> int:
-    path = f"/v1/multistage/{segment(args.run_id)}"
+    path = f"/v1/multistage/{path_segment(args.run_id)}"
     if args.multistage_action == "get":
         print(json.dumps(call("GET", args.url, path), indent=2))
         return 0

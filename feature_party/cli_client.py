@@ -16,10 +16,10 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
+from feature_party.client import path_segment
 from feature_party.config import get_settings
 
 #: Long enough for a large upload or a release the labels party randomizes in-line.
@@ -102,11 +102,6 @@ def json_arg(text: str, what: str) -> dict[str, Any]:
     return value
 
 
-def segment(value: str) -> str:
-    """An id as one URL path segment (a ``/`` or ``?`` in it stays part of the id)."""
-    return quote(value, safe="")
-
-
 def _print(answer: dict[str, Any]) -> int:
     print(json.dumps(answer, indent=2))
     return 0
@@ -142,7 +137,7 @@ def register_feature_sets(sub: argparse._SubParsersAction[argparse.ArgumentParse
     service_url(get)
     get.set_defaults(
         handler=lambda a: _print(
-            call("GET", a.url, f"/v1/feature-sets/{segment(a.feature_set_id)}")
+            call("GET", a.url, f"/v1/feature-sets/{path_segment(a.feature_set_id)}")
         )
     )
 
@@ -190,7 +185,9 @@ def register_labels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     get.add_argument("labels_id")
     service_url(get)
     get.set_defaults(
-        handler=lambda a: _print(call("GET", a.url, f"/v1/received-labels/{segment(a.labels_id)}"))
+        handler=lambda a: _print(
+            call("GET", a.url, f"/v1/received-labels/{path_segment(a.labels_id)}")
+        )
     )
 
 
@@ -277,7 +274,9 @@ def add_models_predict(models_sub: argparse._SubParsersAction[argparse.ArgumentP
 def run_models_predict(args: argparse.Namespace) -> int:
     files = _upload(args.file)
     try:
-        answer = call("POST", args.url, f"/v1/models/{segment(args.model_id)}/predict", files=files)
+        answer = call(
+            "POST", args.url, f"/v1/models/{path_segment(args.model_id)}/predict", files=files
+        )
     finally:
         files["file"][1].close()
     if args.output is None:

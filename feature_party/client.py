@@ -52,7 +52,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-def _segment(value: str) -> str:
+def path_segment(value: str) -> str:
     """An id as one URL path segment: ``/`` and the like are escaped, so an id can
     never reach another endpoint."""
     return quote(str(value), safe="")
@@ -157,7 +157,7 @@ class LabelsPartyClient:
         return self._object("POST", "/v1/datasets", json=body, idempotent=False)
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
-        return self._object("GET", f"/v1/datasets/{_segment(dataset_id)}")
+        return self._object("GET", f"/v1/datasets/{path_segment(dataset_id)}")
 
     def upload_labels(
         self, dataset_id: str, file: Path | bytes, *, filename: str = "labels.parquet"
@@ -166,14 +166,14 @@ class LabelsPartyClient:
 
         return self._object(
             "POST",
-            f"/v1/datasets/{_segment(dataset_id)}/labels",
+            f"/v1/datasets/{path_segment(dataset_id)}/labels",
             files_factory=_upload(file, filename),
             idempotent=False,
         )
 
     def get_budget(self, dataset_id: str) -> dict[str, Any]:
         """``GET /v1/datasets/{id}/budget``: spent and remaining ε (and δ), per part."""
-        return self._object("GET", f"/v1/datasets/{_segment(dataset_id)}/budget")
+        return self._object("GET", f"/v1/datasets/{path_segment(dataset_id)}/budget")
 
     # -- partition plans and prior sets (label-independent inputs) ----------------
 
@@ -184,13 +184,13 @@ class LabelsPartyClient:
         "parts": {part: size}}``. One plan per dataset; 409 after the first."""
         return self._object(
             "POST",
-            f"/v1/datasets/{_segment(dataset_id)}/partitions",
+            f"/v1/datasets/{path_segment(dataset_id)}/partitions",
             files_factory=_upload(file, filename),
             idempotent=False,
         )
 
     def get_partition_plan(self, dataset_id: str) -> dict[str, Any]:
-        return self._object("GET", f"/v1/datasets/{_segment(dataset_id)}/partitions")
+        return self._object("GET", f"/v1/datasets/{path_segment(dataset_id)}/partitions")
 
     def upload_priors(
         self,
@@ -205,7 +205,7 @@ class LabelsPartyClient:
         ``p_0`` … ``p_{K−1}``) → the prior set; its ``id`` is a release's ``prior_id``."""
         data = self._json(
             "POST",
-            f"/v1/datasets/{_segment(dataset_id)}/priors",
+            f"/v1/datasets/{path_segment(dataset_id)}/priors",
             files_factory=_upload(file, filename),
             params={"kind": kind},
             idempotent=False,
@@ -228,7 +228,7 @@ class LabelsPartyClient:
         body = req.model_dump(mode="json", exclude_none=True)
         data = self._json(
             "POST",
-            f"/v1/datasets/{_segment(dataset_id)}/releases",
+            f"/v1/datasets/{path_segment(dataset_id)}/releases",
             json=body,
             headers={"Idempotency-Key": str(req.idempotency_key)},
             idempotent=True,
@@ -236,7 +236,9 @@ class LabelsPartyClient:
         return ReleaseRead.model_validate(data)
 
     def get_release(self, release_id: str) -> ReleaseRead:
-        return ReleaseRead.model_validate(self._json("GET", f"/v1/releases/{_segment(release_id)}"))
+        return ReleaseRead.model_validate(
+            self._json("GET", f"/v1/releases/{path_segment(release_id)}")
+        )
 
     def download_labels(
         self, release_id: str, dest: Path, *, expected_sha256: str | None = None
@@ -252,7 +254,7 @@ class LabelsPartyClient:
             with (
                 self._http.stream(
                     "GET",
-                    f"/v1/releases/{_segment(release_id)}/labels",
+                    f"/v1/releases/{path_segment(release_id)}/labels",
                     params={"format": "parquet"},
                     headers={"Accept": PARQUET_MEDIA_TYPE},
                 ) as response,
@@ -338,7 +340,7 @@ class LabelsPartyClient:
         body.setdefault("idempotency_key", uuid.uuid4().hex)
         return self._object(
             "POST",
-            f"/v1/datasets/{_segment(dataset_id)}/trainings",
+            f"/v1/datasets/{path_segment(dataset_id)}/trainings",
             files_factory=_upload(features, filename),
             data={"spec": json.dumps(body)},
             idempotent=True,
@@ -346,7 +348,7 @@ class LabelsPartyClient:
 
     def get_training(self, training_id: str) -> dict[str, Any]:
         """``GET /v1/trainings/{id}``: status, progress, accounting, ``sha256``."""
-        return self._object("GET", f"/v1/trainings/{_segment(training_id)}")
+        return self._object("GET", f"/v1/trainings/{path_segment(training_id)}")
 
     def download_model(
         self, training_id: str, dest: Path, *, expected_sha256: str | None = None
@@ -356,7 +358,7 @@ class LabelsPartyClient:
         ``X-Content-SHA256``) raises :class:`ReleaseIntegrityError` and leaves
         nothing at ``dest``."""
         return self._download(
-            f"/v1/trainings/{_segment(training_id)}/model",
+            f"/v1/trainings/{path_segment(training_id)}/model",
             dest,
             expected_sha256=expected_sha256,
             what=f"training {training_id} model",
@@ -372,19 +374,19 @@ class LabelsPartyClient:
         )
 
     def delete_client(self, client_id: str) -> None:
-        self._request("DELETE", f"/v1/clients/{_segment(client_id)}")
+        self._request("DELETE", f"/v1/clients/{path_segment(client_id)}")
 
     def create_grant(self, dataset_id: str, *, client_id: str) -> dict[str, Any]:
         return self._object(
             "POST",
-            f"/v1/datasets/{_segment(dataset_id)}/grants",
+            f"/v1/datasets/{path_segment(dataset_id)}/grants",
             json={"client_id": client_id},
             idempotent=False,
         )
 
     def get_audit(self, dataset_id: str) -> Any:
         """``GET /v1/datasets/{id}/audit``: the dataset's audit entries."""
-        return self._json("GET", f"/v1/datasets/{_segment(dataset_id)}/audit")
+        return self._json("GET", f"/v1/datasets/{path_segment(dataset_id)}/audit")
 
     def verify_audit(self) -> dict[str, Any]:
         """``GET /v1/audit/verify`` → ``{"ok", "entries"}``."""

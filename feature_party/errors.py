@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.errors import ServiceError, storage_problem
+from shared.errors import ServiceError, storage_message, storage_problem
 
 
 class FeaturePartyError(ServiceError):
@@ -70,11 +70,7 @@ class StorageUnavailableError(FeaturePartyError):
 
     def __init__(self, exc: OSError) -> None:
         name = storage_problem(exc) or "OSError"
-        super().__init__(
-            f"the service could not write to its storage ({name}): its operator must free "
-            "space or fix permissions; retry afterwards",
-            {"errno": name},
-        )
+        super().__init__(storage_message(name), {"errno": name})
 
 
 def not_found(kind: str, id_: str) -> NotFoundError:

@@ -71,6 +71,14 @@ def storage_problem(exc: BaseException) -> str | None:
     return None
 
 
+def storage_message(problem: str) -> str:
+    """What a 507 ``storage_unavailable`` says (``problem``: the errno's name)."""
+    return (
+        f"the service could not write to its storage ({problem}): its operator must free "
+        "space or fix permissions; retry afterwards"
+    )
+
+
 def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSONResponse:
     """An exception no handler knows: 507 when storage refused a write (the errno,
     never a path or the text), else 500 with a fixed message; logged either way."""
@@ -78,10 +86,6 @@ def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSO
     problem = storage_problem(exc)
     if problem is not None:
         return error_response(
-            507,
-            "storage_unavailable",
-            f"the service could not write to its storage ({problem}): its operator must "
-            "free space or fix permissions; retry afterwards",
-            {"errno": problem},
+            507, "storage_unavailable", storage_message(problem), {"errno": problem}
         )
     return error_response(500, "internal_error", "internal error")
