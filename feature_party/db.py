@@ -20,6 +20,8 @@ from shared.migrations import upgrade_to_head
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _ADVISORY_LOCK = 0x1ABE1D9F  # any constant shared by every features-party process
+#: Tables only the labels party has: the features party must never open its database.
+_LABELS_PARTY_TABLES = ("ledger_entries", "audit_entries")
 
 
 def make_engine(url: str) -> Engine:
@@ -43,7 +45,13 @@ def make_engine(url: str) -> Engine:
 
 def migrate(engine: Engine) -> None:
     """Upgrade the database to the newest migration."""
-    upgrade_to_head(engine, _MIGRATIONS, advisory_key=_ADVISORY_LOCK)
+    upgrade_to_head(
+        engine,
+        _MIGRATIONS,
+        advisory_key=_ADVISORY_LOCK,
+        party="features party",
+        foreign_tables=_LABELS_PARTY_TABLES,
+    )
 
 
 class Database:

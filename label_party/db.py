@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -31,6 +31,8 @@ from shared.migrations import upgrade_to_head
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 #: The Postgres advisory lock that serializes this party's migrations.
 MIGRATION_LOCK = 7358002
+#: Tables only the features party has: a database holding one is not ours.
+_FEATURES_PARTY_TABLES: Final = ("feature_sets", "received_labels")
 
 #: Seconds a SQLite writer waits for the write lock before giving up.
 SQLITE_BUSY_TIMEOUT = 300
@@ -132,4 +134,10 @@ def read_snapshot(session: Session) -> None:
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest revision (run at server and worker start,
     one process at a time: ``shared.migrations``)."""
-    upgrade_to_head(engine, MIGRATIONS_DIR, advisory_key=MIGRATION_LOCK)
+    upgrade_to_head(
+        engine,
+        MIGRATIONS_DIR,
+        advisory_key=MIGRATION_LOCK,
+        party="labels party",
+        foreign_tables=_FEATURES_PARTY_TABLES,
+    )

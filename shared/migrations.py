@@ -10,25 +10,45 @@ saw no schema and both created it (``table … already exists``); and a deferred
 transaction that read first cannot take the write lock another committed after
 its read (``database is locked`` at once, without waiting). With the write lock
 taken at ``BEGIN``, the second process waits, then finds the schema current.
+
+Each party refuses a database that holds the other party's tables. Both parties
+number their revisions alike (``0001``…), so on a shared database Alembic took
+the other party's head for its own and created nothing; and a features party
+with the labels party's database could read what DESIGN §3.1 keeps inside the
+labels party.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Final
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.pool import NullPool
 
 #: Seconds a SQLite upgrade waits for another process's to finish.
 SQLITE_WAIT_SECONDS: Final = 300
 
 
-def upgrade_to_head(engine: Engine, script_location: Path, *, advisory_key: int) -> None:
+class ForeignSchemaError(RuntimeError):
+    """The database holds another party's tables: each party needs its own."""
+
+
+def upgrade_to_head(
+    engine: Engine,
+    script_location: Path,
+    *,
+    advisory_key: int,
+    party: str,
+    foreign_tables: Collection[str],
+) -> None:
     """Bring the database of ``engine`` to the newest revision in ``script_location``;
-    ``advisory_key`` names the Postgres lock (one per party)."""
+    ``advisory_key`` names the Postgres lock (one per party). Raises
+    :class:`ForeignSchemaError`, changing nothing, if any of ``foreign_tables`` (the
+    other party's) exists."""
     config = Config()
     config.set_main_option("script_location", str(script_location))
     migrator = _immediate_sqlite(engine) if _is_sqlite_file(engine) else engine
@@ -36,11 +56,22 @@ def upgrade_to_head(engine: Engine, script_location: Path, *, advisory_key: int)
         with migrator.begin() as connection:
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key})
+            _refuse_foreign(connection, party, foreign_tables)
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
     finally:
         if migrator is not engine:
             migrator.dispose()
+
+
+def _refuse_foreign(connection: Connection, party: str, foreign_tables: Collection[str]) -> None:
+    found = sorted(set(inspect(connection).get_table_names()) & set(foreign_tables))
+    if found:
+        raise ForeignSchemaError(
+            f"the {party}'s database {connection.engine.url.render_as_string()} holds "
+            f"another party's tables ({', '.join(found)}): give each party a database of "
+            "its own (LABELDP_DATABASE_URL)"
+        )
 
 
 def _is_sqlite_file(engine: Engine) -> bool:
