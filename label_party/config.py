@@ -19,7 +19,7 @@ from shared.tokens import MIN_LENGTH, admin_token_problem
 #: Secrets nobody may deploy with.
 
 #: Where a test may ask the server to SIGKILL itself (crash-safety tests).
-CrashPoint = Literal["release_before_commit"]
+CrashPoint = Literal["release_before_commit", "release_mechanism_fails"]
 
 
 class Settings(BaseSettings):

@@ -12,8 +12,9 @@
     │   └── IdempotencyConflictError 409 idempotency_conflict
     ├── PayloadTooLargeError      413 payload_too_large
     └── InvalidRequestError       422 invalid_request
-        └── InvalidLabelsError    422 invalid_labels (detail lists bad rows)
-            └── RejectedUploadError  the same, once its audit entry is written
+        ├── InvalidLabelsError    422 invalid_labels (detail lists bad rows)
+        │   └── RejectedUploadError  the same, once its audit entry is written
+        └── ReleaseFailedError    422 release_failed (its ε spent, reason withheld)
 
 Messages never quote a label value (DESIGN.md §3.1): upload errors name the row
 and the problem only. ``commit_session`` marks refusals whose audit entry must
@@ -83,4 +84,13 @@ class InvalidLabelsError(InvalidRequestError):
 class RejectedUploadError(InvalidLabelsError):
     """An upload refused for bad rows; its (count-free) audit entry is committed."""
 
+    commit_session = True
+
+
+class ReleaseFailedError(InvalidRequestError):
+    """A mechanism failed after it read the labels: whether it fails may depend on
+    them, so the failure is charged like a release (its ledger entry and its
+    ``release.failed`` audit entry are committed) and its reason is withheld."""
+
+    code = "release_failed"
     commit_session = True

@@ -19,18 +19,23 @@ again (``attempts`` + 1).
 
 :class:`LeaseQueue` is parameterized by the ORM class of the table, which must
 have the columns ``id, status, worker_id, attempts, lease_expires_at,
-created_at, started_at, finished_at, progress, error``, and by a clock (the
-features party stores naive UTC, the labels party aware UTC).
+created_at, started_at, finished_at, progress, error``, and by the process's
+clock (the features party stores naive UTC, the labels party aware UTC).
+
+Leases are judged by one clock, the database's, on Postgres, where workers run
+on many hosts: judged by each worker's own clock, one running a minute fast took
+over healthy leases and ran their work twice. On SQLite every worker is on the
+database's host, and the process's clock is that host's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 __all__ = ["LeaseQueue", "Status"]
@@ -67,6 +72,16 @@ class LeaseQueue(Generic[RowT]):
         self.clock = clock
         self._t: Any = table  # column attributes, untyped for the generic class
 
+    def now(self) -> datetime:
+        """The clock leases are judged by: the database's on Postgres, in the
+        convention (aware or naive UTC) of the process's clock."""
+        local = self.clock()
+        if self.session.get_bind().dialect.name != "postgresql":
+            return local
+        database: datetime = self.session.execute(select(func.clock_timestamp())).scalar_one()
+        database = database.astimezone(UTC)
+        return database if local.tzinfo is not None else database.replace(tzinfo=None)
+
     def _rowcount(self, statement: Any) -> int:
         result: Any = self.session.execute(statement)
         return int(result.rowcount)
@@ -75,9 +90,10 @@ class LeaseQueue(Generic[RowT]):
         t = self._t
         return and_(t.id == row_id, t.worker_id == worker_id, t.status == Status.RUNNING)
 
-    def claim(self, *, worker_id: str, lease_seconds: float, now: datetime) -> RowT | None:
+    def claim(self, *, worker_id: str, lease_seconds: float) -> RowT | None:
         """Take the oldest queued row, or a running one whose lease expired."""
         t = self._t
+        now = self.now()
         claimable = or_(
             t.status == Status.QUEUED,
             and_(t.status == Status.RUNNING, t.lease_expires_at < now),
@@ -110,9 +126,7 @@ class LeaseQueue(Generic[RowT]):
         self, row_id: str, worker_id: str, *, lease_seconds: float, progress: dict[str, Any] | None
     ) -> bool:
         """Renew the lease (and publish progress); False if the row is no longer ours."""
-        values: dict[str, Any] = {
-            "lease_expires_at": self.clock() + timedelta(seconds=lease_seconds)
-        }
+        values: dict[str, Any] = {"lease_expires_at": self.now() + timedelta(seconds=lease_seconds)}
         if progress is not None:
             values["progress"] = progress
         return (
@@ -128,7 +142,7 @@ class LeaseQueue(Generic[RowT]):
                 .where(self._mine(row_id, worker_id))
                 .values(
                     status=Status.SUCCEEDED,
-                    finished_at=self.clock(),
+                    finished_at=self.now(),
                     lease_expires_at=None,
                     **values,
                 )
@@ -144,7 +158,7 @@ class LeaseQueue(Generic[RowT]):
                 .values(
                     status=Status.FAILED,
                     error=error,
-                    finished_at=self.clock(),
+                    finished_at=self.now(),
                     lease_expires_at=None,
                 )
             )
@@ -162,9 +176,10 @@ class LeaseQueue(Generic[RowT]):
             == 1
         )
 
-    def fail_exhausted(self, *, max_attempts: int, now: datetime) -> int:
+    def fail_exhausted(self, *, max_attempts: int) -> int:
         """Rows whose workers died ``max_attempts`` times fail instead of looping."""
         t = self._t
+        now = self.now()
         return self._rowcount(
             update(t)
             .where(
@@ -186,7 +201,7 @@ class LeaseQueue(Generic[RowT]):
             self._rowcount(
                 update(t)
                 .where(t.id == row_id, t.status.in_([Status.QUEUED, Status.RUNNING]))
-                .values(status=Status.CANCELLED, finished_at=self.clock(), lease_expires_at=None)
+                .values(status=Status.CANCELLED, finished_at=self.now(), lease_expires_at=None)
             )
             == 1
         )

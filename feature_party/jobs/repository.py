@@ -4,7 +4,6 @@ the ``jobs`` table, plus the job's model row."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -33,13 +32,13 @@ class JobRepository:
     def _queue(self) -> LeaseQueue[Job]:
         return LeaseQueue(self.session, Job, clock=utcnow)
 
-    def fail_exhausted(self, *, max_attempts: int, now: datetime) -> int:
+    def fail_exhausted(self, *, max_attempts: int) -> int:
         """Jobs whose workers died ``max_attempts`` times fail instead of looping."""
-        return self._queue().fail_exhausted(max_attempts=max_attempts, now=now)
+        return self._queue().fail_exhausted(max_attempts=max_attempts)
 
-    def claim(self, *, worker_id: str, lease_seconds: float, now: datetime) -> Job | None:
+    def claim(self, *, worker_id: str, lease_seconds: float) -> Job | None:
         """Take the oldest queued job, or a running one whose lease expired."""
-        return self._queue().claim(worker_id=worker_id, lease_seconds=lease_seconds, now=now)
+        return self._queue().claim(worker_id=worker_id, lease_seconds=lease_seconds)
 
     def heartbeat(
         self, job_id: str, worker_id: str, *, lease_seconds: float, progress: dict[str, Any] | None

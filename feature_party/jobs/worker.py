@@ -32,7 +32,7 @@ from typing import Any
 from feature_party.config import Settings
 from feature_party.db import Database
 from feature_party.jobs.repository import JobRepository
-from feature_party.orm import FeatureSet, Model, ReceivedLabels, utcnow
+from feature_party.orm import FeatureSet, Model, ReceivedLabels
 from feature_party.training import distributed
 from feature_party.training.loop import Interrupted, Progress, resolve_device
 from feature_party.training.runner import RunSpec, execute
@@ -67,10 +67,9 @@ class Worker(PollingWorker):
         try:
             with self.db.session() as session:
                 repo = JobRepository(session)
-                now = utcnow()
-                repo.fail_exhausted(max_attempts=MAX_ATTEMPTS, now=now)
+                repo.fail_exhausted(max_attempts=MAX_ATTEMPTS)
                 job = repo.claim(
-                    worker_id=self.worker_id, lease_seconds=self.settings.job_lease_seconds, now=now
+                    worker_id=self.worker_id, lease_seconds=self.settings.job_lease_seconds
                 )
                 return job.id if job else None
         except Exception:  # a busy SQLite, a Postgres failover: try again next poll

@@ -30,9 +30,10 @@ from label_party.models import AuditEntry
 
 GENESIS = "0" * 64
 
-#: Audit actions that record a ledger entry: a release, and a LabelDP-Pro training
-#: (an approximate-DP release: its ε and δ add to the whole-dataset scope).
-SPENDING_ACTIONS = frozenset({"release.created", "training.reserved"})
+#: Audit actions that record a ledger entry: a release, a release whose mechanism
+#: failed after reading the labels (charged all the same), and a LabelDP-Pro
+#: training (an approximate-DP release: its ε and δ add to the whole-dataset scope).
+SPENDING_ACTIONS = frozenset({"release.created", "release.failed", "training.reserved"})
 
 
 def canonical(value: Any) -> str:
@@ -144,6 +145,8 @@ def verify(session: Session, *, batch: int = 5000) -> Verification:
                     int(payload["delta_budget_units"]),
                 )
             elif row.action in SPENDING_ACTIONS and row.dataset_id is not None:
+                if payload["ledger_entry_id"] in releases:
+                    return Verification(False, count, row.seq, "ledger entry logged twice")
                 parts = payload.get("parts")
                 releases[payload["ledger_entry_id"]] = (
                     row.seq,

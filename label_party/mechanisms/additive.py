@@ -17,8 +17,12 @@ Appendix F; ``optimal-unbiased-randomizers.txt`` §4 for the clipped/unclipped
 comparison):
 
 * ``laplace`` — continuous ``Lap(Δ/ε)`` (Definition 23) or, with ``discrete=true``
-  for integer labels and an integer ``Δ``, the discrete Laplace ``DLap(Δ/ε)`` with
-  pmf ∝ ``t^{|z|}``, ``t = e^{−ε/Δ}`` (Definition 22).
+  for integer bounds, the discrete Laplace ``DLap(Δ/ε)`` with pmf ∝ ``t^{|z|}``,
+  ``t = e^{−ε/Δ}`` (Definition 22). A discrete mechanism first rounds each label
+  to a neighbouring integer, unbiasedly (``rounding.round_to_integers``; ε-DP
+  still, each output distribution being a mixture of the mechanism's rows): had it
+  refused a non-integer label, whether a release succeeds would tell a client,
+  for free, something about the labels.
 * ``staircase`` — Geng & Viswanath (2014) staircase noise: continuous with
   parameter ``γ ∈ (0, 1)`` (Definition 25) or discrete with integer ``r ∈ [1, Δ]``
   (Definition 24, where the paper's undefined ``b`` is ``e^{−ε}``).
@@ -79,6 +83,7 @@ from label_party.mechanisms.base import (
     map_chunks,
     validate_prior,
 )
+from label_party.mechanisms.rounding import round_to_integers
 
 __all__ = [
     "AdditiveMechanism",
@@ -583,13 +588,16 @@ class AdditiveMechanism(ContinuousMechanism):
         chunk_size: int = DEFAULT_CHUNK,
     ) -> FloatArray:
         def draw(chunk: FloatArray, g: np.random.Generator) -> FloatArray:
-            noisy = chunk + self.noise.sample(chunk.size, g)
+            # Discrete noise needs integer labels; rounding them (unbiasedly) instead
+            # of refusing others keeps whether a release succeeds label-independent.
+            base = round_to_integers(chunk, g) if self.discrete else chunk
+            noisy = base + self.noise.sample(chunk.size, g)
             if self.clip:
                 np.clip(noisy, self.lo, self.hi, out=noisy)
             return noisy
 
         def check(chunk: FloatArray) -> None:
-            _check_labels(chunk, self.lo, self.hi, self.discrete)
+            _check_labels(chunk, self.lo, self.hi, discrete=False)
 
         return _sample_checked(labels, draw, check, rng, chunk_size)
 

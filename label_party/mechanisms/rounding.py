@@ -42,6 +42,7 @@ __all__ = [
     "check_grid",
     "from_request",
     "round_to_grid",
+    "round_to_integers",
     "rounding_probabilities",
 ]
 
@@ -106,6 +107,17 @@ def round_to_grid(
 
     out: IntArray = map_chunks(labels, draw, rng=rng, chunk_size=chunk_size, dtype=np.int64)
     return out
+
+
+def round_to_integers(labels: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """Unbiased randomized rounding onto the integers (the grid ℤ): ``⌊y⌋ + 1``
+    with probability ``y − ⌊y⌋``, else ``⌊y⌋``; an integer stays put. Labels within
+    integer bounds stay within them. One chunk, no checks: the discrete additive
+    mechanisms' first step, so that no label's value can make them fail."""
+    y = np.asarray(labels, dtype=np.float64)
+    lower = np.floor(y)
+    rounded: FloatArray = lower + (rng.random(y.size) < (y - lower))
+    return rounded
 
 
 class RoundingMechanism(FiniteMechanism):

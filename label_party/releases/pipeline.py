@@ -109,6 +109,38 @@ def check_plan(plan: ReleasePlan, task: str) -> None:
             raise InvalidRequestError("prior_epsilon must be > 0 and below epsilon")
 
 
+def preflight(plan: ReleasePlan) -> None:
+    """Fit the mechanism to a uniform prior, before any label is read or any ε is
+    reserved: an option it refuses, or a fit that fails whatever the labels, is a
+    free refusal here. After the reservation every mechanism failure is charged
+    (``releases.service``), since a fit to a noisy prior can fail or not with the
+    labels. Fits at ``ε − prior_epsilon`` (``ε/2`` while the split is unknown): a
+    fit that fails only at the real split is charged, never a free query."""
+    if prior_source(plan) == "example":
+        return  # fitted per example to the prior set's rows: checked with them
+    grid = plan.domain.grid()
+    spec = get_spec(plan.mechanism)
+    epsilon = plan.epsilon
+    if spec.uses_prior:
+        epsilon -= plan.prior_epsilon if plan.prior_epsilon is not None else epsilon / 2
+    bounds = (
+        (plan.domain.min, plan.domain.max) if isinstance(plan.domain, RegressionDomain) else None
+    )
+    params = {k: v for k, v in plan.params.items() if k not in ("prior_source", "prior_id")}
+    try:
+        fit(
+            plan.mechanism,
+            epsilon=float(epsilon),
+            values=grid,
+            prior=np.full(grid.size, 1.0 / grid.size),
+            loss=plan.loss,
+            domain=bounds,
+            params=params,
+        )
+    except MechanismError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
 def prior_source(plan: ReleasePlan) -> str:
     """The plan's ``prior_source`` (``global`` by default), its options checked.
 
@@ -193,9 +225,7 @@ def randomize(
             prior_eps = Decimal(math.floor(split * EPSILON_SCALE)) / EPSILON_SCALE
         if not 0 < prior_eps < plan.epsilon:
             raise InvalidRequestError("the prior's ε must be > 0 and below the release's ε")
-        prior = np.asarray(
-            laplace_histogram(rows, k, epsilon=float(prior_eps), rng=prior_rng), np.float64
-        )
+        prior = np.asarray(laplace_histogram(rows, k, epsilon=prior_eps, rng=prior_rng), np.float64)
 
     bounds = (
         (plan.domain.min, plan.domain.max) if isinstance(plan.domain, RegressionDomain) else None

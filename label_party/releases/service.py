@@ -5,7 +5,11 @@ idempotent request (spends nothing) → reserve the cost in the ledger (or refus
 logging the refusal) → fit and randomize into a file named by its SHA-256 →
 release row and audit entry → commit (by the request session). A failure before
 the commit rolls everything back; the file it may leave is unreferenced and swept
-at the next start.
+at the next start. Except a mechanism's own failure (``MechanismError``) once the
+labels are read: whether a mechanism fails can depend on the labels (an LP on a
+noisy prior, a discrete mechanism's integrality), so a refusal that cost nothing
+would be a free, repeatable query of them. It is charged (``release.failed``)
+and says only that it failed (:class:`ReleaseFailedError`).
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ from label_party.exceptions import (
     IdempotencyConflictError,
     InvalidRequestError,
     NotFoundError,
+    ReleaseFailedError,
 )
 from label_party.labels.validation import MAX_REPORTED
 from label_party.ledger import service as ledger
 from label_party.ledger.accounting import Cost, normalize_parts
 from label_party.ledger.units import delta_decimal, epsilon_decimal, epsilon_units
-from label_party.mechanisms.base import LOSSES, secure_generator
+from label_party.mechanisms.base import LOSSES, MechanismError, secure_generator
 from label_party.mechanisms.registry import get_spec
 from label_party.models import Dataset, LedgerEntry, Release
 from label_party.observability import RELEASES
@@ -50,6 +55,7 @@ from label_party.releases.pipeline import (
     Randomized,
     ReleasePlan,
     check_plan,
+    preflight,
     prior_source,
     randomize,
     randomize_with_example_priors,
@@ -173,6 +179,7 @@ def create(
     parts = normalize_parts(body.parts)
     selected = None if parts is None else _selected_ids(settings, session, dataset, parts)
     priors = _example_priors(session, settings, dataset, plan)
+    preflight(plan)
     entry = ledger.reserve(session, principal, dataset, Cost(epsilon_units(body.epsilon), 0, parts))
 
     rng, prior_rng = _generators(settings, session, dataset)
@@ -200,7 +207,11 @@ def create(
                 prior_rng=prior_rng,
                 chunk_size=settings.chunk_size,
             )
+        if settings.test_crash_point == "release_mechanism_fails":
+            raise MechanismError("injected by LABELDP_TEST_CRASH_POINT")
         _final, sha = publish_by_hash(tmp, settings.releases_dir)
+    except MechanismError as exc:
+        raise _charged_failure(session, principal, dataset, entry, plan, exc) from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -251,6 +262,41 @@ def create(
     if settings.test_crash_point == "release_before_commit":
         os.kill(os.getpid(), signal.SIGKILL)
     return release, True
+
+
+def _charged_failure(
+    session: Session,
+    principal: Principal,
+    dataset: Dataset,
+    entry: LedgerEntry,
+    plan: ReleasePlan,
+    exc: MechanismError,
+) -> ReleaseFailedError:
+    """Keep the reservation, log ``release.failed``; the error to raise."""
+    audit.append(
+        session,
+        actor=principal.id,
+        action="release.failed",
+        dataset_id=dataset.id,
+        payload={
+            "ledger_entry_id": entry.id,
+            "epsilon_units": entry.epsilon,
+            "delta_units": entry.delta,
+            "parts": entry.parts,
+            "mechanism": plan.mechanism,
+        },
+    )
+    # The type only: the text may describe the labels (DESIGN.md §3.1).
+    logger.warning(
+        "release failed after reading the labels; its ε is spent",
+        extra={"fields": {"dataset_id": dataset.id, "error_type": type(exc).__name__}},
+    )
+    return ReleaseFailedError(
+        f"the {plan.mechanism} mechanism failed after reading the labels; its ε is spent "
+        "(whether it fails may depend on the labels, so the failure is charged and its "
+        "reason withheld). Try another mechanism or a smaller ε",
+        detail={"ledger_entry_id": entry.id, "epsilon_spent": str(epsilon_decimal(entry.epsilon))},
+    )
 
 
 def get_visible(session: Session, principal: Principal, release_id: str) -> Release:

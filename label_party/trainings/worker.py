@@ -37,7 +37,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,7 +49,7 @@ from label_party.audit import service as audit
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
 from label_party.db import Database, transaction
-from label_party.models import Dataset, Training, utcnow
+from label_party.models import Dataset, Training
 from label_party.storage import (
     labels_path,
     training_checkpoint_path,
@@ -61,6 +60,7 @@ from label_party.storage import (
 from label_party.trainings import repository
 from label_party.trainings.plan import check_ran_as_planned
 from shared.lease_queue import Status
+from shared.logging import exception_fields
 from shared.parquet import publish_by_hash, temp_path
 from shared.worker_loop import PollingWorker
 
@@ -122,7 +122,7 @@ def public_error(exc: Exception) -> str:
     """The error a training's readers see. Checks of public inputs raise
     ``ValueError`` with messages written to name the problem only (the library's
     are label-free, DESIGN.md §3.1); anything else may quote data or paths, so
-    only its type is shown (the worker's log has the traceback)."""
+    only its type is shown (the worker's log adds where it was raised)."""
     if isinstance(exc, ValueError):
         return f"{exc}"
     return f"{type(exc).__name__} in the worker (see the worker's log)"
@@ -153,12 +153,9 @@ class Worker(PollingWorker):
         try:
             with transaction(self.db.writer) as session:
                 queue = repository.queue(session)
-                now = utcnow()
-                queue.fail_exhausted(max_attempts=MAX_ATTEMPTS, now=now)
+                queue.fail_exhausted(max_attempts=MAX_ATTEMPTS)
                 row = queue.claim(
-                    worker_id=self.worker_id,
-                    lease_seconds=self.settings.worker_lease_seconds,
-                    now=now,
+                    worker_id=self.worker_id, lease_seconds=self.settings.worker_lease_seconds
                 )
                 return row.id if row is not None else None
         except Exception:  # a busy SQLite, a Postgres failover: try again next poll
@@ -204,7 +201,11 @@ class Worker(PollingWorker):
         except Exception as exc:
             shared.stop.set()
             beat.join()
-            log.error("training %s failed: %s", training_id, traceback.format_exc())
+            # The type and place only: the text may quote a label (DESIGN.md §3.1).
+            log.error(
+                "training failed",
+                extra={"fields": {"training_id": training_id, **exception_fields(exc)}},
+            )
             self._finish_failed(training_id, public_error(exc))
             self._drop_checkpoint_if_final(training_id)
             return

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.status import Status
 from feature_party.jobs.worker import Worker
 from feature_party.orm import Job, Model, utcnow
+from shared.lease_queue import LeaseQueue
 from tests.feature_party.conftest import ADMIN, add_jobs, make_settings, seed_inputs
 
 TINY = {"epochs": 1, "batch_size": 128, "hidden": [8], "validation_fraction": 0.0}
@@ -79,10 +81,10 @@ def test_expired_lease_requeues_and_the_old_worker_loses(db: tuple[Database, Set
     [job_id] = add_jobs(database, fs, labels, 1, **TINY)
     with database.session() as session:
         repo = JobRepository(session)
-        assert repo.claim(worker_id="a", lease_seconds=-1, now=utcnow()) is not None  # expired
+        assert repo.claim(worker_id="a", lease_seconds=-1) is not None  # expired
     with database.session() as session:
         repo = JobRepository(session)
-        job = repo.claim(worker_id="b", lease_seconds=60, now=utcnow())
+        job = repo.claim(worker_id="b", lease_seconds=60)
         assert job is not None and job.id == job_id and job.attempts == 2
     with database.session() as session:
         repo = JobRepository(session)
@@ -103,19 +105,47 @@ def test_expired_lease_requeues_and_the_old_worker_loses(db: tuple[Database, Set
         assert JobRepository(session).get(job_id).status == Status.SUCCEEDED
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("db", ["postgres"], indirect=True)
+def test_a_worker_whose_clock_runs_fast_takes_no_healthy_lease(
+    db: tuple[Database, Settings],
+) -> None:
+    """Leases are judged by the database's clock (``LeaseQueue.now``): judged by
+    its own, a worker ten minutes fast took over the job and failed it as dead."""
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    [job_id] = add_jobs(database, fs, labels, 1, **TINY)
+    with database.session() as session:
+        assert JobRepository(session).claim(worker_id="a", lease_seconds=60) is not None
+
+    def fast() -> datetime:
+        return utcnow() + timedelta(minutes=10)
+
+    with database.session() as session:
+        queue = LeaseQueue(session, Job, clock=fast)
+        assert queue.fail_exhausted(max_attempts=1) == 0
+        assert queue.claim(worker_id="b", lease_seconds=60) is None
+        assert queue.heartbeat(job_id, "a", lease_seconds=60, progress=None)
+    with database.session() as session:
+        job = JobRepository(session).get(job_id)
+        assert (job.status, job.worker_id) == (Status.RUNNING, "a")
+        assert job.lease_expires_at is not None
+        assert abs((job.lease_expires_at - utcnow()).total_seconds() - 60) < 5
+
+
 def test_cancel_stops_a_running_job(db: tuple[Database, Settings]) -> None:
     database, settings = db
     fs, labels = seed_inputs(database, settings, n=50)
     [job_id] = add_jobs(database, fs, labels, 1, **TINY)
     with database.session() as session:
-        JobRepository(session).claim(worker_id="a", lease_seconds=60, now=utcnow())
+        JobRepository(session).claim(worker_id="a", lease_seconds=60)
     with database.session() as session:
         assert JobRepository(session).cancel(job_id)
     with database.session() as session:
         repo = JobRepository(session)
         assert not repo.heartbeat(job_id, "a", lease_seconds=60, progress=None)
         assert not repo.cancel(job_id)  # already final
-        assert repo.claim(worker_id="b", lease_seconds=60, now=utcnow()) is None
+        assert repo.claim(worker_id="b", lease_seconds=60) is None
 
 
 def test_workers_give_up_on_jobs_that_keep_killing_them(db: tuple[Database, Settings]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -113,6 +114,43 @@ def test_3_3_failed_release_spends_nothing_downloads_are_free(server: Server) ->
     downloads = {admin.get(f"/v1/releases/{ok['id']}/labels").content for _ in range(3)}
     assert len(downloads) == 1
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.5
+
+
+def test_3_3_a_mechanism_failing_after_reading_the_labels_is_charged(make_server: Any) -> None:
+    """Whether a mechanism fails can depend on the labels (an LP on a noisy prior):
+    rolled back, the failure was a free and repeatable query of them."""
+    admin = make_server(LABELDP_TEST_CRASH_POINT="release_mechanism_fails").start().client()
+    ds = create_dataset(admin, epsilon_budget=1)
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    r = release(admin, ds, 0.25, mechanism={"name": "rr-on-bins"})
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "release_failed"
+    assert "injected" not in body["message"]  # the reason is withheld
+    assert body["detail"]["epsilon_spent"] == "0.25"
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.25
+    assert admin.get(f"/v1/datasets/{ds}/releases").json() == []
+    actions = [e["action"] for e in admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]]
+    assert actions[-1] == "release.failed"
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_3_1_a_discrete_release_succeeds_whatever_the_labels_values(server: Server) -> None:
+    """A discrete mechanism refused fractional labels, after its reservation was
+    rolled back: per part of a client's plan, whether the label was an integer."""
+    admin = server.client()
+    ds = create_dataset(admin, domain={"min": 0, "max": 10, "step": 1}, epsilon_budget=10)
+    ids = ["a", "b", "c"]
+    assert upload_labels(admin, ds, ids, [3.0, 4.5, 9.25]).status_code == 200
+    plan = parquet_bytes({"example_id": ids, "part": ids})
+    assert admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("p.parquet", plan)})
+    for part in ids:
+        for name in ("laplace", "staircase"):
+            mechanism = {"name": name, "discrete": True, "clip": True}
+            r = release(admin, ds, 1, mechanism=mechanism, parts=[part])
+            assert r.status_code == 201, r.text
+            labels = admin.get(f"/v1/releases/{r.json()['id']}/labels?format=json").json()
+            assert float(labels["label"][0]).is_integer()
 
 
 def test_3_4_composition_is_per_part(server: Server) -> None:

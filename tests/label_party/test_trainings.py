@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import shutil
@@ -309,7 +310,9 @@ def test_cancel_keeps_the_budget_spent(server: Server, granted: Any) -> None:
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
-def test_a_failed_training_is_not_refunded(server: Server, granted: Any) -> None:
+def test_a_failed_training_is_not_refunded(
+    server: Server, granted: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     admin, client, dataset_id, ids, labels = granted
     # Features no other test uploads: the stored file is named by its hash.
     r = submit(client, dataset_id, tabular(ids[:123], labels[:123]), epsilon=1, **CHEAP)
@@ -317,10 +320,15 @@ def test_a_failed_training_is_not_refunded(server: Server, granted: Any) -> None
     # The stored features vanish before a worker runs it (a lost disk, say).
     settings = _settings(server)
     (settings.trainings_dir / "features" / f"{training['features_sha256']}.parquet").unlink()
-    run_worker(server)
+    with caplog.at_level(logging.INFO, logger="label_party"):
+        run_worker(server)
     failed = client.get(f"/v1/trainings/{training['id']}").json()
     assert failed["status"] == "failed" and "FileNotFoundError" in failed["error"]
     assert str(settings.data_dir) not in failed["error"]  # no paths, no data
+    # The worker's log names the type and the place, never the text (it may quote data).
+    [logged] = [r for r in caplog.records if r.getMessage() == "training failed"]
+    assert logged.fields["exception"] == "FileNotFoundError"  # type: ignore[attr-defined]
+    assert training["features_sha256"] not in caplog.text
     assert client.get(f"/v1/trainings/{training['id']}/model").status_code == 409
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 1
     actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]

@@ -29,6 +29,7 @@ from label_party.mechanisms.additive import (
     optimal_r,
 )
 from label_party.mechanisms.base import FitRequest, Loss, Mechanism, MechanismError
+from label_party.mechanisms.rounding import round_to_integers
 
 SEED = 20261122
 FACTORIES = {
@@ -565,10 +566,32 @@ def test_labels_outside_the_domain_are_refused_without_echoing_them(name: str) -
         mech.sample(np.array([np.nan]), rng=np.random.default_rng(0))
 
 
-def test_discrete_mechanism_refuses_fractional_labels() -> None:
-    mech = _fit("staircase", 1.0, {"discrete": True}, discrete=True)
-    with pytest.raises(MechanismError, match="integers"):
-        mech.sample(np.array([1.5]), rng=np.random.default_rng(0))
+@pytest.mark.parametrize("name", ["laplace", "staircase"])
+def test_a_discrete_mechanism_rounds_a_fractional_label_between_its_neighbours(
+    name: str,
+) -> None:
+    """M(1.25) = ¾·M(1) + ¼·M(2): a mixture of two rows, so still ε-DP. It used to
+    refuse the label, which told a client for free that some label was fractional."""
+    mech = _fit(name, 6.0, {"discrete": True, "clip": True}, discrete=True)
+    rows = mech.to_finite().matrix
+    expected = 0.75 * rows[1] + 0.25 * rows[2]
+    n = 200_000
+    out = mech.sample(np.full(n, 1.25), rng=np.random.default_rng(5))
+    assert np.array_equal(out, np.round(out))
+    freq = np.bincount(out.astype(np.int64), minlength=rows.shape[1]) / n
+    sd = np.sqrt(expected * (1 - expected) / n)
+    assert np.all(np.abs(freq - expected) <= 5 * sd + 1e-12)
+    # Far from the other mixtures: one row alone is not what it samples.
+    assert np.max(np.abs(freq - rows[1])) > 20 * sd.max()
+
+
+def test_rounding_to_integers_is_unbiased_and_keeps_integers() -> None:
+    rng = np.random.default_rng(11)
+    assert np.array_equal(round_to_integers(np.array([-3.0, 0.0, 7.0]), rng), [-3, 0, 7])
+    y = np.full(400_000, 2.3)
+    out = round_to_integers(y, rng)
+    assert set(np.unique(out)) == {2.0, 3.0}
+    assert abs(out.mean() - 2.3) < 5 * np.sqrt(0.3 * 0.7 / y.size)
 
 
 @pytest.mark.parametrize("name", ["laplace", "staircase", "exponential"])
