@@ -140,6 +140,23 @@ class Release(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class ReleaseFailure(Base):
+    """A release whose mechanism failed after reading the labels: charged (its
+    ledger entry) and, under its idempotency key, replayed rather than paid again."""
+
+    __tablename__ = "release_failures"
+    __table_args__ = (UniqueConstraint("dataset_id", "idempotency_key"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    ledger_entry_id: Mapped[str] = mapped_column(ForeignKey("ledger_entries.id"), unique=True)
+    created_by: Mapped[str] = mapped_column(String(36))
+    mechanism: Mapped[str] = mapped_column(String(100))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    request_fingerprint: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class AuditEntry(Base):
     """One link of the append-only, hash-chained audit log (DESIGN.md §3.6).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from label_party.models import LedgerEntry, Release
+from label_party.models import LedgerEntry, Release, ReleaseFailure
 
 
 def by_idempotency_key(session: Session, dataset_id: str, key: str) -> Release | None:
@@ -14,14 +14,25 @@ def by_idempotency_key(session: Session, dataset_id: str, key: str) -> Release |
     ).first()
 
 
+def failure_by_idempotency_key(
+    session: Session, dataset_id: str, key: str
+) -> ReleaseFailure | None:
+    return session.scalars(
+        select(ReleaseFailure).where(
+            ReleaseFailure.dataset_id == dataset_id, ReleaseFailure.idempotency_key == key
+        )
+    ).first()
+
+
 def count(session: Session, dataset_id: str) -> int:
     return session.scalar(select(func.count()).where(Release.dataset_id == dataset_id)) or 0
 
 
 def exists(session: Session, dataset_id: str) -> bool:
-    return (
-        session.scalars(select(Release.id).where(Release.dataset_id == dataset_id)).first()
-        is not None
+    """Whether a release of the dataset, or a charged failure of one, read its labels."""
+    return any(
+        session.scalars(select(table.id).where(table.dataset_id == dataset_id)).first() is not None
+        for table in (Release, ReleaseFailure)
     )
 
 

@@ -47,7 +47,7 @@ from label_party.ledger.accounting import Cost, normalize_parts
 from label_party.ledger.units import delta_decimal, epsilon_decimal, epsilon_units
 from label_party.mechanisms.base import LOSSES, MechanismError, secure_generator
 from label_party.mechanisms.registry import get_spec
-from label_party.models import Dataset, LedgerEntry, Release
+from label_party.models import Dataset, LedgerEntry, Release, ReleaseFailure
 from label_party.observability import RELEASES
 from label_party.partitions.service import get_plan
 from label_party.releases import repository
@@ -173,6 +173,13 @@ def create(
                     "this idempotency key was used for a different request"
                 )
             return existing, False
+        failed = repository.failure_by_idempotency_key(session, dataset.id, body.idempotency_key)
+        if failed is not None:
+            if failed.request_fingerprint != digest or failed.created_by != principal.id:
+                raise IdempotencyConflictError(
+                    "this idempotency key was used for a different request"
+                )
+            raise _failure_error(failed.mechanism, session.get(LedgerEntry, failed.ledger_entry_id))
     if dataset.labels_sha256 is None:
         raise ConflictError("the dataset has no labels yet")
     plan = _plan(body, dataset)
@@ -211,6 +218,17 @@ def create(
             raise MechanismError("injected by LABELDP_TEST_CRASH_POINT")
         _final, sha = publish_by_hash(tmp, settings.releases_dir)
     except MechanismError as exc:
+        session.add(
+            ReleaseFailure(
+                id=str(uuid.uuid4()),
+                dataset_id=dataset.id,
+                ledger_entry_id=entry.id,
+                created_by=principal.id,
+                mechanism=plan.mechanism,
+                idempotency_key=body.idempotency_key,
+                request_fingerprint=digest,
+            )
+        )
         raise _charged_failure(session, principal, dataset, entry, plan, exc) from None
     finally:
         tmp.unlink(missing_ok=True)
@@ -291,10 +309,17 @@ def _charged_failure(
         "release failed after reading the labels; its ε is spent",
         extra={"fields": {"dataset_id": dataset.id, "error_type": type(exc).__name__}},
     )
+    return _failure_error(plan.mechanism, entry)
+
+
+def _failure_error(mechanism: str, entry: LedgerEntry | None) -> ReleaseFailedError:
+    """The same answer for a charged failure and for each replay of its key."""
+    assert entry is not None  # a failure's ledger entry is never deleted
     return ReleaseFailedError(
-        f"the {plan.mechanism} mechanism failed after reading the labels; its ε is spent "
+        f"the {mechanism} mechanism failed after reading the labels; its ε is spent "
         "(whether it fails may depend on the labels, so the failure is charged and its "
-        "reason withheld). Try another mechanism or a smaller ε",
+        "reason withheld; a retry with the same idempotency key spends nothing more). "
+        "Try another mechanism or a smaller ε",
         detail={"ledger_entry_id": entry.id, "epsilon_spent": str(epsilon_decimal(entry.epsilon))},
     )
 

@@ -122,17 +122,22 @@ def test_3_3_a_mechanism_failing_after_reading_the_labels_is_charged(make_server
     admin = make_server(LABELDP_TEST_CRASH_POINT="release_mechanism_fails").start().client()
     ds = create_dataset(admin, epsilon_budget=1)
     assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
-    r = release(admin, ds, 0.25, mechanism={"name": "rr-on-bins"})
-    assert r.status_code == 422, r.text
-    body = r.json()
-    assert body["error"] == "release_failed"
-    assert "injected" not in body["message"]  # the reason is withheld
-    assert body["detail"]["epsilon_spent"] == "0.25"
-    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.25
+    for _attempt in range(2):  # the retry replays the failure: nothing more is spent
+        r = release(admin, ds, 0.25, mechanism={"name": "rr-on-bins"}, idempotency_key="k")
+        assert r.status_code == 422, r.text
+        body = r.json()
+        assert body["error"] == "release_failed"
+        assert "injected" not in body["message"]  # the reason is withheld
+        assert body["detail"]["epsilon_spent"] == "0.25"
+        assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.25
+    other = release(admin, ds, 0.5, mechanism={"name": "rr-on-bins"}, idempotency_key="k")
+    assert other.json()["error"] == "idempotency_conflict"
     assert admin.get(f"/v1/datasets/{ds}/releases").json() == []
     actions = [e["action"] for e in admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]]
-    assert actions[-1] == "release.failed"
+    assert actions.count("release.failed") == 1 and actions[-1] == "release.failed"
     assert admin.get("/v1/audit/verify").json()["ok"] is True
+    # The labels were read and paid for: they are frozen, as after a release.
+    assert upload_labels(admin, ds, ["a", "b"], [3.0, 4.0]).status_code == 409
 
 
 def test_3_1_a_discrete_release_succeeds_whatever_the_labels_values(server: Server) -> None:
