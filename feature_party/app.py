@@ -18,6 +18,7 @@ from feature_party.models.endpoints import router as models_router
 from feature_party.multistage.endpoints import router as multistage_router
 from feature_party.multistage.service import Drivers
 from feature_party.received_labels.endpoints import router as received_labels_router
+from feature_party.uploads import sweep_stale
 from shared.limits import BodyLimitMiddleware
 
 
@@ -30,6 +31,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        sweep_stale(settings.data_dir / "tmp")
         database = Database(settings.resolved_database_url)
         if run_migrations:
             migrate(database.engine)

@@ -36,6 +36,7 @@ from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from shared.protocol import PARQUET_MEDIA_TYPE, PriorSetRead, ReleaseCreate, ReleaseRead
 
@@ -210,7 +211,7 @@ class LabelsPartyClient:
             params={"kind": kind},
             idempotent=False,
         )
-        return PriorSetRead.model_validate(data)
+        return _parsed(PriorSetRead, data)
 
     # -- releases -----------------------------------------------------------------
 
@@ -233,12 +234,10 @@ class LabelsPartyClient:
             headers={"Idempotency-Key": str(req.idempotency_key)},
             idempotent=True,
         )
-        return ReleaseRead.model_validate(data)
+        return _parsed(ReleaseRead, data)
 
     def get_release(self, release_id: str) -> ReleaseRead:
-        return ReleaseRead.model_validate(
-            self._json("GET", f"/v1/releases/{path_segment(release_id)}")
-        )
+        return _parsed(ReleaseRead, self._json("GET", f"/v1/releases/{path_segment(release_id)}"))
 
     def download_labels(
         self, release_id: str, dest: Path, *, expected_sha256: str | None = None
@@ -403,7 +402,12 @@ class LabelsPartyClient:
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self._request(method, path, **kwargs)
-        return response.json() if response.content else None
+        try:
+            return response.json() if response.content else None
+        except ValueError:  # a proxy's HTML page, say: the labels party's fault, not ours
+            raise LabelsPartyError(
+                f"{method} {path}: the answer ({response.status_code}) is not JSON"
+            ) from None
 
     def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         data = self._json(method, path, **kwargs)
@@ -451,7 +455,9 @@ class LabelsPartyClient:
                 if not idempotent:
                     raise LabelsPartyUnavailableError(f"{what}: {last}", attempts=i + 1) from None
             except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                # A local protocol error's text quotes the request's headers: its token.
+                quiet = isinstance(exc, httpx.LocalProtocolError) or not str(exc)
+                last = type(exc).__name__ if quiet else f"{type(exc).__name__}: {exc}"
                 if not (idempotent or isinstance(exc, httpx.ConnectError)):
                     raise LabelsPartyUnavailableError(f"{what}: {last}", attempts=i + 1) from None
             if i < self.retries:
@@ -494,3 +500,17 @@ def _upload(file: Path | bytes, filename: str) -> Callable[[], dict[str, Any]]:
         return {"file": (filename, file)}
 
     return files
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def _parsed(model: type[ModelT], data: Any) -> ModelT:
+    """The labels party's answer as ``model``; an answer of another shape is its
+    failure (502 at the features party), not an internal error here."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise LabelsPartyError(
+            f"the labels party's answer is not a {model.__name__} ({exc.error_count()} problems)"
+        ) from None

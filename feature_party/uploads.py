@@ -1,9 +1,11 @@
-"""Spooling multipart uploads to disk with a size limit (413 above it)."""
+"""Temporary files under ``data_dir/tmp``: multipart uploads spooled to disk with
+a size limit (413 above it), and the sweep of those a killed process left."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +13,28 @@ from pathlib import Path
 from starlette.datastructures import UploadFile
 
 from feature_party.errors import PayloadTooLargeError
+
+#: A temporary file untouched this long belongs to no live request: downloads and
+#: uploads write continuously, and the services' timeouts are minutes.
+STALE_SECONDS = 3600.0
+
+
+def sweep_stale(directory: Path, *, older_than: float = STALE_SECONDS) -> int:
+    """Delete the files in ``directory`` not modified for ``older_than`` seconds
+    (the parts of downloads and uploads whose process was killed); their number.
+    Younger ones may be a worker's or another server's, writing now."""
+    if not directory.is_dir():
+        return 0
+    cutoff = time.time() - older_than
+    removed = 0
+    for path in directory.iterdir():
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # another process's sweep, or its owner, was first
+            continue
+    return removed
 
 
 @contextmanager

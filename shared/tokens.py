@@ -7,6 +7,11 @@ word, or a placeholder copied from an example file (``.env.example``'s
 
 from __future__ import annotations
 
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, SecretStr
+
 MIN_LENGTH = 16
 WEAK_TOKENS = frozenset({"admin", "changeme", "change-me", "secret", "token", "password"})
 PLACEHOLDER_PREFIXES = ("change-me", "changeme", "replace-me", "your-", "example")
@@ -23,3 +28,22 @@ def admin_token_problem(token: str | None) -> str | None:
     if len(value) < MIN_LENGTH:
         return f"LABELDP_ADMIN_TOKEN must be at least {MIN_LENGTH} characters"
     return None
+
+
+#: What a bearer token may hold: visible ASCII. One with a space, a line break or
+#: a non-ASCII letter cannot go in a header, and httpx's complaint about it quoted
+#: the whole header, token included, into errors, logs and stored run errors.
+_BEARER = re.compile(r"[\x21-\x7e]+")
+
+
+def _check_bearer(token: SecretStr) -> SecretStr:
+    if not _BEARER.fullmatch(token.get_secret_value()):
+        raise ValueError(
+            "the token must be the labels party's token as it gave it: visible ASCII "
+            "characters only (no spaces, line breaks or other letters)"
+        )
+    return token
+
+
+#: A labels-party token a request carries to the features party.
+BearerToken = Annotated[SecretStr, AfterValidator(_check_bearer)]

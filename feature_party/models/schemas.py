@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.tokens import BearerToken
 
 
 class ModelRead(BaseModel):
@@ -45,5 +47,5 @@ class ModelImport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     labels_party_url: str = Field(pattern=r"^https?://")
-    token: SecretStr
+    token: BearerToken
     training_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_-]+$")

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
+from feature_party.db import end_reads
 from feature_party.errors import ConflictError, InvalidInputError, UpstreamError
 from feature_party.feature_sets.ingest import read_table
 from feature_party.models.repository import ModelRepository
@@ -67,6 +68,7 @@ def import_training(
             known = ModelRepository(session).imported(str(training["id"]), training["sha256"])
             if known is not None:
                 return to_read(known), False
+            end_reads(session)
             relative = Path("models") / "imported" / f"{sha}.pt"
             client.download_model(
                 body.training_id, settings.data_dir / relative, expected_sha256=sha

@@ -7,9 +7,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from feature_party.training.config import TrainingConfig
+from shared.tokens import BearerToken
 
 #: The split of the examples over two stages in ``labeldp-pro.txt`` Appendix D.1.
 TWO_STAGE_SPLIT = (0.4, 0.6)
@@ -35,7 +36,7 @@ class MultistageCreate(BaseModel):
 
     feature_set_id: str
     labels_party_url: str = Field(pattern=r"^https?://")
-    token: SecretStr
+    token: BearerToken
     dataset_id: str
     epsilon: float = Field(gt=0, description="ε of every stage's release; each part pays it once")
     stages: int = Field(default=2, ge=1, le=10, description="T")
@@ -101,7 +102,7 @@ class MultistageCreate(BaseModel):
 class MultistageResume(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    token: SecretStr
+    token: BearerToken
 
 
 class StageRead(BaseModel):

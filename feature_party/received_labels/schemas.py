@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.protocol import ReleaseCreate
+from shared.tokens import BearerToken
 
 
 class ReceivedLabelsCreate(BaseModel):
@@ -20,7 +21,7 @@ class ReceivedLabelsCreate(BaseModel):
 
     feature_set_id: str
     labels_party_url: str = Field(pattern=r"^https?://")
-    token: SecretStr
+    token: BearerToken
     dataset_id: str
     release: ReleaseCreate | None = None
     release_id: str | None = None

@@ -25,6 +25,7 @@ from feature_party.client import (
     ReleaseIntegrityError,
 )
 from feature_party.config import Settings
+from feature_party.db import end_reads
 from feature_party.errors import (
     ConflictError,
     FeaturePartyError,
@@ -96,6 +97,27 @@ def _integrity(message: str, release_id: str) -> UpstreamError:
     return UpstreamError(message, code="release_integrity_error", detail={"release_id": release_id})
 
 
+def _with_key(request: ReceivedLabelsCreate) -> ReceivedLabelsCreate:
+    """``request`` whose new release has an idempotency key (one is made if the
+    caller gave none), so that every error can name it."""
+    if request.release is None or request.release.idempotency_key is not None:
+        return request
+    keyed = request.release.model_copy(update={"idempotency_key": uuid.uuid4().hex})
+    return request.model_copy(update={"release": keyed})
+
+
+def _naming_key(error: FeaturePartyError, key: str) -> FeaturePartyError:
+    """``error`` from a release request whose answer never came back: the release
+    may have been made and paid for, so the retry must send the same key."""
+    error.message += (
+        f"; the release may have been made: retry with release.idempotency_key {key!r} "
+        "to get it without spending again"
+    )
+    extra = error.detail if isinstance(error.detail, dict) else {"detail": error.detail}
+    error.detail = {"idempotency_key": key, **extra}
+    return error
+
+
 def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) -> ReleaseRead:
     try:
         if request.release is not None:
@@ -104,7 +126,11 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
             assert request.release_id is not None
             manifest = client.get_release(request.release_id)
     except UPSTREAM_ERRORS as exc:
-        raise upstream_error(exc) from None
+        error = upstream_error(exc)
+        if request.release is not None and isinstance(error, UpstreamError):
+            assert request.release.idempotency_key is not None  # _with_key
+            raise _naming_key(error, request.release.idempotency_key) from None
+        raise error from None
     if manifest.dataset_id != request.dataset_id:
         raise InvalidInputError(
             f"release {manifest.id} belongs to dataset {manifest.dataset_id}, "
@@ -178,6 +204,8 @@ def receive(
     session: Session, settings: Settings, request: ReceivedLabelsCreate
 ) -> ReceivedLabelsRead:
     feature_set = FeatureSetRepository(session).get(request.feature_set_id)
+    end_reads(session)
+    request = _with_key(request)
     tmp = settings.data_dir / "tmp" / f"{uuid.uuid4().hex}.parquet"
     try:
         with make_client(

@@ -10,7 +10,7 @@ import io
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -61,6 +61,8 @@ class FakeLabelsParty:
     fail_gets: int = 0
     """answer this many label downloads with 500"""
     wrong_hash: bool = False
+    on_release: Callable[[], None] | None = None
+    """called while a release POST is being answered"""
     releases: dict[str, ReleaseRead] = field(default_factory=dict)
     by_key: dict[str, str] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
@@ -90,6 +92,8 @@ class FakeLabelsParty:
         ) -> Any:
             if dataset_id != self.dataset_id:
                 return error(404, "not_found", "no such dataset")
+            if self.on_release is not None:
+                self.on_release()
             key = body.idempotency_key
             assert key is not None and key == idempotency_key, "the client must send a key"
             if key in self.by_key:

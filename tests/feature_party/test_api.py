@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +18,18 @@ import pytest
 import torch
 
 from feature_party.config import Settings
-from feature_party.db import Database
+from feature_party.db import Database, migrate
 from feature_party.jobs.worker import Worker
+from feature_party.orm import FeatureSet
+from feature_party.received_labels import service as received_labels_service
+from feature_party.received_labels.schemas import ReceivedLabelsCreate
 from tests.feature_party.conftest import (
     ADMIN,
     AUTH,
     csv_bytes,
     make_settings,
     running_service,
+    seed_inputs,
     synthetic,
 )
 from tests.feature_party.fake_labels_party import TOKEN, FakeLabelsParty, free_port
@@ -398,6 +404,95 @@ def test_a_download_that_fails_after_the_release_names_the_release(
     again = receive(client, labels_party, fs["id"], release=None, release_id=release_id)
     assert again.status_code == 201, again.text
     assert labels_party.spent == 1.0  # one release, paid once
+
+
+def test_a_release_whose_answer_was_lost_names_its_idempotency_key(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    """The labels party made (and charged) the release, then every answer was lost:
+    the key the features party made up must come back, or the caller's retry pays
+    again under a fresh one."""
+    data = synthetic(30)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    labels_party.fail_posts = settings.client_retries + 1
+    fs = upload(client, data.features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 502, r.text
+    body = r.json()
+    key = body["detail"]["idempotency_key"]
+    assert key in body["message"] and "without spending again" in body["message"]
+    assert labels_party.spent == 1.0
+    release = {"mechanism": {"name": "laplace"}, "epsilon": 1.0, "idempotency_key": key}
+    again = receive(client, labels_party, fs["id"], release=release)
+    assert again.status_code == 201, again.text
+    assert labels_party.spent == 1.0  # the same release, paid once
+    assert len(labels_party.releases) == 1
+
+
+@pytest.mark.parametrize("token", [TOKEN + "\n", " " + TOKEN, TOKEN[:-1] + "é"])
+def test_a_token_that_cannot_be_a_header_is_422_and_never_echoed(
+    client: httpx.Client, labels_party: FakeLabelsParty, token: str
+) -> None:
+    """Before, httpx refused the header with a message quoting it, token and all,
+    into the 502's body and the log; a non-ASCII token was a 500."""
+    fs = upload(client, synthetic(20).features)
+    r = receive(client, labels_party, fs["id"], token=token)
+    assert r.status_code == 422, r.text
+    assert TOKEN[:12] not in r.text
+    r = client.post(
+        "/v1/models/import",
+        headers=AUTH,
+        json={"labels_party_url": labels_party.url, "token": token, "training_id": "t"},
+    )
+    assert r.status_code == 422, r.text
+    assert TOKEN[:12] not in r.text
+    assert labels_party.spent == 0
+
+
+def test_start_up_sweeps_the_parts_a_killed_process_left(settings: Settings) -> None:
+    """A download cut by SIGKILL left its ``.part`` in ``tmp/`` for good; a young
+    file may be another process's, writing now, and stays."""
+    tmp = settings.data_dir / "tmp"
+    tmp.mkdir(parents=True)
+    stale, young = tmp / "a.parquet.1.part", tmp / "b.upload"
+    stale.write_bytes(b"half")
+    young.write_bytes(b"writing")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(stale, (hours_ago, hours_ago))
+    with running_service(settings) as c:
+        assert c.get("/healthz").status_code == 200
+    assert not stale.exists() and young.exists()
+
+
+def test_no_database_connection_is_held_while_the_labels_party_answers(
+    settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    """Held across a stalled labels party, every such request kept a pooled
+    connection, and 15 of them starved the whole service."""
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    fs_id, _labels = seed_inputs(database, settings, n=30)
+    with database.session() as session:
+        ids = pq.read_table(
+            settings.data_dir / session.get(FeatureSet, fs_id).path  # type: ignore[union-attr]
+        ).column("example_id")
+    labels_party.set_labels(ids.to_pylist(), [1.0] * len(ids))
+    held: list[int] = []
+    labels_party.on_release = lambda: held.append(database.engine.pool.checkedout())  # type: ignore[attr-defined]
+    request = ReceivedLabelsCreate.model_validate(
+        {
+            "feature_set_id": fs_id,
+            "labels_party_url": labels_party.url,
+            "token": TOKEN,
+            "dataset_id": labels_party.dataset_id,
+            "release": {"mechanism": {"name": "laplace"}, "epsilon": 1.0},
+        }
+    )
+    with database.session() as session:
+        received = received_labels_service.receive(session, settings, request)
+    assert received.matched == len(ids)
+    assert held == [0]
+    database.dispose()
 
 
 def _three_class_rr_release(client: httpx.Client, labels_party: FakeLabelsParty) -> dict[str, str]:

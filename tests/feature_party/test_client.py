@@ -23,6 +23,7 @@ from tests.feature_party.fake_labels_party import (
     FakeLabelsParty,
     dropping_server,
     free_port,
+    serve_app,
 )
 
 REQUEST = ReleaseCreate.model_validate({"mechanism": {"name": "laplace"}, "epsilon": 1})
@@ -106,6 +107,29 @@ def test_down_and_dropping_servers_raise_unavailable_after_retries() -> None:
         with pytest.raises(LabelsPartyUnavailableError) as e:
             c.create_client(name="x")
         assert e.value.attempts == 1
+
+
+def test_an_answer_of_the_wrong_shape_is_the_labels_party_s_error(tmp_path: Path) -> None:
+    """A captive portal's HTML, or JSON of another shape, with a 200: it was a 500
+    (an unhandled ValueError) at the features party; now a LabelsPartyError (502)."""
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse, JSONResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/datasets/{dataset_id}/releases")
+    def html(dataset_id: str) -> HTMLResponse:
+        return HTMLResponse("<html>captive portal</html>")
+
+    @app.get("/v1/releases/{release_id}")
+    def odd(release_id: str) -> JSONResponse:
+        return JSONResponse({"unexpected": 1})
+
+    with serve_app(app) as url, make(url) as c:
+        with pytest.raises(LabelsPartyError, match="not JSON"):
+            c.create_release("ds", REQUEST)
+        with pytest.raises(LabelsPartyError, match="not a ReleaseRead"):
+            c.get_release("r")
 
 
 def test_errors_are_typed(fake: FakeLabelsParty) -> None:
