@@ -5,7 +5,11 @@
 ...     release = lp.create_release("ds1", request)
 ...     sha = lp.download_labels(release.id, Path("labels.parquet"), expected_sha256=release.sha256)
 
-Every request has a timeout. Requests that are safe to repeat — reads, deletes,
+Every request has a timeout, and every attempt a watchdog (:class:`_Watchdog`):
+the read timeout bounds a silence, not a trickle, and a labels party (or a proxy)
+sending a byte a second held a request, and its worker thread, for ever. A
+JSON call gets twice the timeout in all; a download must keep making progress
+(64 KiB per timeout). Requests that are safe to repeat — reads, deletes,
 and release creation, which **always** carries an idempotency key (one key per
 logical call, reused by each retry, so a retried request never spends budget
 twice) — are retried with exponential backoff and jitter on connection errors,
@@ -27,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -90,6 +95,60 @@ class ReleaseIntegrityError(LabelsPartyError):
     """The downloaded labels do not match the manifest's SHA-256."""
 
 
+#: Bytes a download must receive in each timeout window.
+_PROGRESS_BYTES = 64 * 1024
+
+
+class _Watchdog:
+    """Calls ``abort`` (closing the connections) once an attempt overstays: at the
+    end of a ``window`` of seconds in which fewer than ``min_bytes`` arrived (a
+    download, re-armed by :meth:`progress`), or of the first window (``min_bytes``
+    ``None``: the whole answer must come in it)."""
+
+    def __init__(self, abort: Callable[[], None], *, window: float, min_bytes: int | None) -> None:
+        self._abort = abort
+        self._window = window
+        self._min_bytes = min_bytes
+        self._lock = threading.Lock()
+        self._received = 0
+        self._stopped = False
+        self.fired = False
+        self.reason = ""
+        self._timer: threading.Timer | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        self._timer = threading.Timer(self._window, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            if self._min_bytes is not None and self._received >= self._min_bytes:
+                self._received = 0
+                self._arm()
+                return
+            self.fired = True
+            self.reason = (
+                f"fewer than {self._min_bytes} bytes in {self._window:g} s"
+                if self._min_bytes is not None
+                else f"no complete answer in {self._window:g} s"
+            )
+        self._abort()
+
+    def progress(self, num_bytes: int) -> None:
+        with self._lock:
+            self._received += num_bytes if num_bytes else self._min_bytes or 0
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+
 class LabelsPartyClient:
     """Typed client of one labels-party service.
 
@@ -113,13 +172,22 @@ class LabelsPartyClient:
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.timeout = timeout
         self._sleep = sleep
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "labeldp-feature-party"},
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            transport=transport,
-        )
+
+        def new_http() -> httpx.Client:
+            return httpx.Client(
+                base_url=base_url.rstrip("/"),
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "User-Agent": "labeldp-feature-party",
+                },
+                timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+                transport=transport,
+            )
+
+        self._new_http = new_http
+        self._http = new_http()
 
     def __enter__(self) -> Self:
         return self
@@ -248,7 +316,7 @@ class LabelsPartyClient:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
 
-        def attempt() -> str:
+        def attempt(watchdog: _Watchdog) -> str:
             digest = hashlib.sha256()
             with (
                 self._http.stream(
@@ -262,13 +330,17 @@ class LabelsPartyClient:
                 if response.status_code >= 400:
                     response.read()
                     self._raise_for(response)
-                for chunk in response.iter_bytes(1 << 20):
+                watchdog.progress(0)  # the headers came
+                for chunk in response.iter_bytes():
+                    watchdog.progress(len(chunk))
                     digest.update(chunk)
                     out.write(chunk)
             return digest.hexdigest()
 
         try:
-            sha = self._retrying(attempt, idempotent=True, what=f"release {release_id} labels")
+            sha = self._retrying(
+                attempt, idempotent=True, what=f"release {release_id} labels", streaming=True
+            )
             if expected_sha256 is not None and sha != expected_sha256.lower():
                 raise ReleaseIntegrityError(
                     f"release {release_id}: labels hash to {sha}, the manifest says "
@@ -294,7 +366,7 @@ class LabelsPartyClient:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
 
-        def attempt() -> tuple[str, str | None]:
+        def attempt(watchdog: _Watchdog) -> tuple[str, str | None]:
             digest = hashlib.sha256()
             with (
                 self._http.stream(
@@ -305,13 +377,15 @@ class LabelsPartyClient:
                 if response.status_code >= 400:
                     response.read()
                     self._raise_for(response)
-                for chunk in response.iter_bytes(1 << 20):
+                watchdog.progress(0)  # the headers came
+                for chunk in response.iter_bytes():
+                    watchdog.progress(len(chunk))
                     digest.update(chunk)
                     out.write(chunk)
             return digest.hexdigest(), response.headers.get("X-Content-SHA256")
 
         try:
-            sha, announced = self._retrying(attempt, idempotent=True, what=what)
+            sha, announced = self._retrying(attempt, idempotent=True, what=what, streaming=True)
             for expected in (expected_sha256, announced):
                 if expected is not None and sha != expected.lower():
                     raise ReleaseIntegrityError(
@@ -429,7 +503,7 @@ class LabelsPartyClient:
     ) -> httpx.Response:
         safe = method in {"GET", "HEAD", "DELETE", "PUT"} if idempotent is None else idempotent
 
-        def attempt() -> httpx.Response:
+        def attempt(_watchdog: _Watchdog) -> httpx.Response:
             response = self._http.request(
                 method,
                 path,
@@ -445,11 +519,18 @@ class LabelsPartyClient:
 
         return self._retrying(attempt, idempotent=safe, what=f"{method} {path}")
 
-    def _retrying(self, attempt: Callable[[], T], *, idempotent: bool, what: str) -> T:
+    def _retrying(
+        self,
+        attempt: Callable[[_Watchdog], T],
+        *,
+        idempotent: bool,
+        what: str,
+        streaming: bool = False,
+    ) -> T:
         last = ""
         for i in range(self.retries + 1):
             try:
-                return attempt()
+                return self._watched(attempt, streaming=streaming)
             except _ServerError as exc:
                 last = str(exc)
                 if not idempotent:
@@ -466,6 +547,26 @@ class LabelsPartyClient:
             f"{what}: the labels party is unavailable after {self.retries + 1} attempts ({last})",
             attempts=self.retries + 1,
         )
+
+    def _watched(self, attempt: Callable[[_Watchdog], T], *, streaming: bool) -> T:
+        """One attempt under a :class:`_Watchdog` that closes the connections under
+        it when it stalls; a fresh connection pool for the next attempt then."""
+        http = self._http
+        watchdog = _Watchdog(
+            http.close,
+            window=self.timeout if streaming else 2 * self.timeout,
+            min_bytes=_PROGRESS_BYTES if streaming else None,
+        )
+        try:
+            return attempt(watchdog)
+        except (httpx.HTTPError, OSError, RuntimeError) as exc:
+            if not watchdog.fired:
+                raise
+            raise httpx.ReadTimeout(f"the answer did not come in time ({watchdog.reason})") from exc
+        finally:
+            watchdog.stop()
+            if watchdog.fired:
+                self._http = self._new_http()
 
     @staticmethod
     def _raise_for(response: httpx.Response) -> None:
