@@ -163,8 +163,8 @@ class LabelsPartyClient:
         token: str,
         *,
         timeout: float = 60.0,
-        retries: int = 4,
-        backoff: float = 0.5,
+        retries: int = 6,
+        backoff: float = 1.0,
         max_backoff: float = 10.0,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -533,8 +533,11 @@ class LabelsPartyClient:
                 return self._watched(attempt, streaming=streaming)
             except _ServerError as exc:
                 last = str(exc)
-                if not idempotent:
+                if exc.processed and not idempotent:
                     raise LabelsPartyUnavailableError(f"{what}: {last}", attempts=i + 1) from None
+                if exc.retry_after is not None and i < self.retries:
+                    self._sleep(exc.retry_after)  # the server said when; no jitter on top
+                    continue
             except httpx.TransportError as exc:
                 # A local protocol error's text quotes the request's headers: its token.
                 quiet = isinstance(exc, httpx.LocalProtocolError) or not str(exc)
@@ -570,8 +573,6 @@ class LabelsPartyClient:
 
     @staticmethod
     def _raise_for(response: httpx.Response) -> None:
-        if response.status_code >= 500:
-            raise _ServerError(f"HTTP {response.status_code}")
         try:
             body = response.json()
         except ValueError:
@@ -580,6 +581,12 @@ class LabelsPartyClient:
             body = {}
         error = str(body.get("error") or "http_error")
         message = str(body.get("message") or response.reason_phrase)
+        if response.status_code >= 500 or response.status_code == 429:
+            raise _ServerError(
+                f"HTTP {response.status_code} {error}: {message}"[:300],
+                retry_after=_retry_after(response),
+                processed=response.status_code != 429,
+            )
         cls = (
             BudgetExceededError
             if response.status_code == 409 and error == "budget_exceeded"
@@ -589,7 +596,27 @@ class LabelsPartyClient:
 
 
 class _ServerError(Exception):
-    """A 5xx answer (internal: retried, then reported as unavailable)."""
+    """A 5xx or 429 answer (internal: retried, then reported as unavailable).
+    ``processed`` is False for a 429: the request was turned away unread, so
+    even a write that is not idempotent may be sent again."""
+
+    def __init__(self, message: str, *, retry_after: float | None, processed: bool) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.processed = processed
+
+
+#: The longest ``Retry-After`` honoured: a longer one fails the call instead.
+MAX_RETRY_AFTER = 60.0
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (its delay form; a date is ignored), or ``None``."""
+    try:
+        seconds = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= MAX_RETRY_AFTER else None
 
 
 def _upload(file: Path | bytes, filename: str) -> Callable[[], dict[str, Any]]:

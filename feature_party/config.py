@@ -17,7 +17,7 @@ features party reads the same names as the labels party:
 ``LABELDP_POLL_SECONDS``       how often an idle worker looks for a job
 ``LABELDP_CLIENT_TIMEOUT_SECONDS`` / ``LABELDP_CLIENT_RETRIES``
                                the labels-party client (per request, retries
-                               on connection errors and 5xx)
+                               on connection errors, 5xx and 429)
 =============================  ===============================================
 """
 
@@ -46,8 +46,10 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     poll_seconds: float = Field(default=1.0, gt=0)
     client_timeout_seconds: float = Field(default=60.0, gt=0)
-    client_retries: int = Field(default=4, ge=0)
-    client_backoff_seconds: float = Field(default=0.5, ge=0)
+    # Up to 35 s of backoff in all (17.5 s on average): a labels party restarting
+    # (a container, a Postgres failover) is waited for; a Retry-After is honoured.
+    client_retries: int = Field(default=6, ge=0)
+    client_backoff_seconds: float = Field(default=1.0, ge=0)
 
     @property
     def resolved_database_url(self) -> str:

@@ -199,6 +199,39 @@ def test_a_trickling_labels_party_cannot_hold_a_request(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_retry_after_is_honoured_and_a_429_retries_even_a_write() -> None:
+    """A 429 turns a request away unread, so even a write that is not idempotent
+    may go again; both wait as long as the labels party asked, not a jittered
+    guess (the retries of 4 × 0.5 s could all fall inside a 5 s restart)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    answers = {"clients": 0, "budget": 0}
+
+    @app.post("/v1/clients")
+    def clients() -> JSONResponse:
+        answers["clients"] += 1
+        if answers["clients"] == 1:
+            body = {"error": "too_many_requests", "message": "slow down"}
+            return JSONResponse(body, status_code=429, headers={"Retry-After": "2"})
+        return JSONResponse({"id": "c1", "token": "t"})
+
+    @app.get("/v1/datasets/{dataset_id}/budget")
+    def budget(dataset_id: str) -> JSONResponse:
+        answers["budget"] += 1
+        body = {"error": "unavailable", "message": "restarting"}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1.5"})
+
+    with serve_app(app) as url, make(url) as c:
+        assert c.create_client(name="x") == {"id": "c1", "token": "t"}
+        assert c.sleeps == [2.0]  # type: ignore[attr-defined]
+        with pytest.raises(LabelsPartyUnavailableError, match="503 unavailable: restarting"):
+            c.get_budget("ds")
+        assert c.sleeps[1:] == [1.5, 1.5, 1.5]  # type: ignore[attr-defined]
+    assert answers == {"clients": 2, "budget": 4}
+
+
 def test_errors_are_typed(fake: FakeLabelsParty) -> None:
     fake.budget = 0.5
     with make(fake.url) as c:
