@@ -313,43 +313,14 @@ class LabelsPartyClient:
         """Stream the release's Parquet to ``dest`` and return its SHA-256. With
         ``expected_sha256``, a mismatch raises :class:`ReleaseIntegrityError` and
         leaves nothing at ``dest``."""
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
-
-        def attempt(watchdog: _Watchdog) -> str:
-            digest = hashlib.sha256()
-            with (
-                self._http.stream(
-                    "GET",
-                    f"/v1/releases/{path_segment(release_id)}/labels",
-                    params={"format": "parquet"},
-                    headers={"Accept": PARQUET_MEDIA_TYPE},
-                ) as response,
-                tmp.open("wb") as out,
-            ):
-                if response.status_code >= 400:
-                    response.read()
-                    self._raise_for(response)
-                watchdog.progress(0)  # the headers came
-                for chunk in response.iter_bytes():
-                    watchdog.progress(len(chunk))
-                    digest.update(chunk)
-                    out.write(chunk)
-            return digest.hexdigest()
-
-        try:
-            sha = self._retrying(
-                attempt, idempotent=True, what=f"release {release_id} labels", streaming=True
-            )
-            if expected_sha256 is not None and sha != expected_sha256.lower():
-                raise ReleaseIntegrityError(
-                    f"release {release_id}: labels hash to {sha}, the manifest says "
-                    f"{expected_sha256}"
-                )
-            os.replace(tmp, dest)
-            return sha
-        finally:
-            tmp.unlink(missing_ok=True)
+        return self._download(
+            f"/v1/releases/{path_segment(release_id)}/labels",
+            dest,
+            expected_sha256=expected_sha256,
+            what=f"release {release_id} labels",
+            accept=PARQUET_MEDIA_TYPE,
+            params={"format": "parquet"},
+        )
 
     def _download(
         self,

@@ -74,7 +74,10 @@ def import_training(
                 body.training_id, settings.data_dir / relative, expected_sha256=sha
             )
         except UPSTREAM_ERRORS as exc:
-            raise upstream_error(exc) from None
+            error = upstream_error(exc)
+            extra = error.detail if isinstance(error.detail, dict) else {}
+            error.detail = {"training_id": body.training_id, **extra}
+            raise error from None
     return _register(session, settings, relative, training), True
 
 

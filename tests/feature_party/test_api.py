@@ -699,6 +699,7 @@ def test_model_import_refuses_odd_ids_and_odd_answers(client: httpx.Client) -> N
         assert r.status_code == 422  # an id is one path segment, never a path
         r = client.post("/v1/models/import", headers=AUTH, json={**body, "training_id": "t-1"})
         assert r.status_code == 502 and r.json()["error"] == "labels_party_error", r.text
+        assert r.json()["detail"]["training_id"] == "t-1"
 
 
 def test_declared_categorical_csv_columns_are_read_as_text(tmp_path: Path) -> None:
