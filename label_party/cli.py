@@ -537,7 +537,23 @@ def _training_get(args: argparse.Namespace) -> int:
 
 
 def _training_list(args: argparse.Namespace) -> int:
-    return _print(_request(args, "GET", f"/v1/datasets/{args.dataset}/trainings"))
+    print(json.dumps(_all_pages(args, f"/v1/datasets/{args.dataset}/trainings"), indent=2))
+    return 0
+
+
+def _all_pages(args: argparse.Namespace, path: str) -> list[Any]:
+    """Every row of a paginated list, following its ``Link: rel="next"`` headers."""
+    import httpx
+
+    rows: list[Any] = []
+    response = _request(args, "GET", path, params={"limit": 1000})
+    while True:
+        rows += response.json()
+        following = response.links.get("next", {}).get("url")
+        if not following:
+            return rows
+        # Its path and query only: behind a proxy the server may see another host.
+        response = _request(args, "GET", httpx.URL(following).raw_path.decode("ascii"))
 
 
 def _training_cancel(args: argparse.Namespace) -> int:

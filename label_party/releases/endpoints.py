@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import pyarrow.parquet as pq
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
 
+from label_party import pagination
 from label_party.deps import (
     IdempotencyKeyHeader,
     PrincipalDep,
@@ -69,13 +70,24 @@ async def create_release(
 @router.get(
     "/v1/datasets/{dataset_id}/releases",
     response_model=list[ReleaseRead],
-    responses=responses(401, 403, 404),
-    summary="Releases of a dataset (a client: its own)",
+    responses=responses(401, 403, 404, 422),
+    summary="Releases of a dataset (a client: its own), oldest first, a page at a time",
+    description="At most `limit` manifests; while more follow, the `Link` header's "
+    '`rel="next"` URL gives the next page.',
 )
 def list_releases(
-    dataset_id: str, session: SessionDep, principal: PrincipalDep
+    dataset_id: str,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: pagination.After = None,
+    limit: pagination.Limit = pagination.DEFAULT_LIMIT,
 ) -> list[ReleaseRead]:
-    return service.list_visible(session, principal, dataset_id)
+    releases, more = service.list_visible(session, principal, dataset_id, after=after, limit=limit)
+    if more:
+        pagination.link_next(request, response, releases[-1].id, limit)
+    return releases
 
 
 @router.get(

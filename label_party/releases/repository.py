@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from label_party import pagination
 from label_party.models import LedgerEntry, Release, ReleaseFailure
 
 
@@ -37,12 +38,14 @@ def exists(session: Session, dataset_id: str) -> bool:
 
 
 def list_for_dataset(
-    session: Session, dataset_id: str, *, created_by: str | None = None
-) -> list[Release]:
+    session: Session, dataset_id: str, *, created_by: str | None, after: str | None, limit: int
+) -> tuple[list[Release], bool]:
+    """A page of the dataset's releases (``created_by``'s only, unless ``None``)
+    and whether another follows (:mod:`label_party.pagination`)."""
     query = select(Release).where(Release.dataset_id == dataset_id)
     if created_by is not None:
         query = query.where(Release.created_by == created_by)
-    return list(session.scalars(query.order_by(Release.created_at, Release.id)))
+    return pagination.page(session, query, Release, after=after, limit=limit)
 
 
 def ledger_entries(session: Session, releases: list[Release]) -> dict[str, LedgerEntry]:

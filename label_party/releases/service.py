@@ -333,14 +333,19 @@ def get_visible(session: Session, principal: Principal, release_id: str) -> Rele
     return release
 
 
-def list_visible(session: Session, principal: Principal, dataset_id: str) -> list[ReleaseRead]:
-    """Manifests of a dataset's releases (a client's own only), in two queries."""
+def list_visible(
+    session: Session, principal: Principal, dataset_id: str, *, after: str | None, limit: int
+) -> tuple[list[ReleaseRead], bool]:
+    """A page of a dataset's release manifests (a client's own only), in three
+    queries, and whether another page follows."""
     require(principal, "admin", "client")
     dataset = visible_dataset(session, principal, dataset_id)
     own = principal.id if principal.role == "client" else None
-    releases = repository.list_for_dataset(session, dataset.id, created_by=own)
+    releases, more = repository.list_for_dataset(
+        session, dataset.id, created_by=own, after=after, limit=limit
+    )
     entries = repository.ledger_entries(session, releases)
-    return [to_read(session, r, entries[r.ledger_entry_id]) for r in releases]
+    return [to_read(session, r, entries[r.ledger_entry_id]) for r in releases], more
 
 
 def to_read(session: Session, release: Release, entry: LedgerEntry | None = None) -> ReleaseRead:

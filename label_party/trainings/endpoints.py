@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile
 
+from label_party import pagination
 from label_party.auth import require
 from label_party.deps import (
     IdempotencyKeyHeader,
@@ -106,13 +107,24 @@ async def create_training(
 @router.get(
     "/v1/datasets/{dataset_id}/trainings",
     response_model=list[TrainingRead],
-    responses=responses(401, 403, 404),
-    summary="Trainings of a dataset (a client: its own)",
+    responses=responses(401, 403, 404, 422),
+    summary="Trainings of a dataset (a client: its own), oldest first, a page at a time",
+    description="At most `limit` trainings; while more follow, the `Link` header's "
+    '`rel="next"` URL gives the next page.',
 )
 def list_trainings(
-    dataset_id: str, session: SessionDep, principal: PrincipalDep
+    dataset_id: str,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    principal: PrincipalDep,
+    after: pagination.After = None,
+    limit: pagination.Limit = pagination.DEFAULT_LIMIT,
 ) -> list[TrainingRead]:
-    return service.list_visible(session, principal, dataset_id)
+    trainings, more = service.list_visible(session, principal, dataset_id, after=after, limit=limit)
+    if more:
+        pagination.link_next(request, response, trainings[-1].id, limit)
+    return trainings
 
 
 @router.get(

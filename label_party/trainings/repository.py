@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from label_party import pagination
 from label_party.models import Training, utcnow
 from shared.lease_queue import LeaseQueue
 
@@ -26,9 +27,11 @@ def exists(session: Session, dataset_id: str) -> bool:
 
 
 def list_for_dataset(
-    session: Session, dataset_id: str, *, created_by: str | None = None
-) -> list[Training]:
+    session: Session, dataset_id: str, *, created_by: str | None, after: str | None, limit: int
+) -> tuple[list[Training], bool]:
+    """A page of the dataset's trainings (``created_by``'s only, unless ``None``)
+    and whether another follows (:mod:`label_party.pagination`)."""
     query = select(Training).where(Training.dataset_id == dataset_id)
     if created_by is not None:
         query = query.where(Training.created_by == created_by)
-    return list(session.scalars(query.order_by(Training.created_at, Training.id)))
+    return pagination.page(session, query, Training, after=after, limit=limit)

@@ -466,14 +466,18 @@ def model_file(
     return training, training_model_path(settings, training.model_sha256)
 
 
-def list_visible(session: Session, principal: Principal, dataset_id: str) -> list[TrainingRead]:
+def list_visible(
+    session: Session, principal: Principal, dataset_id: str, *, after: str | None, limit: int
+) -> tuple[list[TrainingRead], bool]:
+    """A page of a dataset's trainings (a client's own only), and whether another
+    page follows."""
     require(principal, "admin", "client")
     dataset = visible_dataset(session, principal, dataset_id)
     own = principal.id if principal.role == "client" else None
-    return [
-        to_read(session, t)
-        for t in repository.list_for_dataset(session, dataset.id, created_by=own)
-    ]
+    trainings, more = repository.list_for_dataset(
+        session, dataset.id, created_by=own, after=after, limit=limit
+    )
+    return [to_read(session, t) for t in trainings], more
 
 
 def to_read(session: Session, training: Training) -> TrainingRead:

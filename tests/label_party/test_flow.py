@@ -354,3 +354,27 @@ def test_metrics_read_the_ledger_of_their_own_app(tmp_path: Path) -> None:
             assert gauge in (await first.get("/metrics")).text
 
     asyncio.run(scenario())
+
+
+def test_the_release_list_comes_a_page_at_a_time(server: Server) -> None:
+    """It returned every release in one answer; now pages of ``limit`` linked by
+    ``Link: rel="next"``, oldest first, none missed or repeated."""
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=10)
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    made = [release(admin, ds, 0.1).json()["id"] for _ in range(5)]
+    seen: list[str] = []
+    url: str | None = f"/v1/datasets/{ds}/releases?limit=2"
+    pages = 0
+    while url is not None:
+        r = admin.get(url)
+        assert r.status_code == 200, r.text
+        seen += [m["id"] for m in r.json()]
+        pages += 1
+        link = r.headers.get("link")
+        url = link.split(">")[0].lstrip("<") if link else None
+    assert (seen, pages) == (made, 3)
+    assert [m["id"] for m in admin.get(f"/v1/datasets/{ds}/releases").json()] == made
+    r = admin.get(f"/v1/datasets/{ds}/releases", params={"after": "no-such-release"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request"
+    assert admin.get(f"/v1/datasets/{ds}/releases", params={"limit": 0}).status_code == 422

@@ -1,0 +1,59 @@
+"""Keyset pagination of the release and training lists.
+
+A page is ``limit`` rows in (created_at, id) order after the row ``after`` names;
+the response's ``Link: <…>; rel="next"`` header (RFC 8288) gives the next page's
+URL while there is one, so a client follows links and never misses or repeats a
+row that another request adds meanwhile (new rows sort last). The body stays the
+list the contract specifies.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Query, Request, Response
+from sqlalchemy import Select, and_, or_
+from sqlalchemy.orm import Session
+
+from label_party.exceptions import InvalidRequestError
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+Limit = Annotated[
+    int, Query(ge=1, le=MAX_LIMIT, description="rows per page; the Link header has the next page")
+]
+After = Annotated[
+    str | None,
+    Query(max_length=36, description="the id of the previous page's last row (from its Link)"),
+]
+
+
+def page(
+    session: Session,
+    query: Select[Any],
+    table: Any,
+    *,
+    after: str | None,
+    limit: int,
+) -> tuple[list[Any], bool]:
+    """The page of ``query`` (rows of ``table``, already filtered to what the caller
+    may see) after the row ``after``, and whether another page follows."""
+    if after is not None:
+        cursor = session.scalars(query.where(table.id == after)).first()
+        if cursor is None:
+            raise InvalidRequestError(f"after: {after!r} is not a row of this list")
+        query = query.where(
+            or_(
+                table.created_at > cursor.created_at,
+                and_(table.created_at == cursor.created_at, table.id > cursor.id),
+            )
+        )
+    rows = list(session.scalars(query.order_by(table.created_at, table.id).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def link_next(request: Request, response: Response, last_id: str, limit: int) -> None:
+    """Point ``response`` at the page after the row ``last_id``."""
+    url = request.url.include_query_params(after=last_id, limit=limit)
+    response.headers["Link"] = f'<{url}>; rel="next"'
