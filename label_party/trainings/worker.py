@@ -38,6 +38,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -119,13 +120,29 @@ def prepare(features: pa.Table, labels: pa.Table, num_classes: int) -> Prepared:
 
 
 def public_error(exc: Exception) -> str:
-    """The error a training's readers see. Checks of public inputs raise
-    ``ValueError`` with messages written to name the problem only (the library's
-    are label-free, DESIGN.md §3.1); anything else may quote data or paths, so
-    only its type is shown (the worker's log adds where it was raised)."""
-    if isinstance(exc, ValueError):
+    """The error a training's readers see. Our own checks of public inputs raise
+    ``ValueError`` with messages written to name the problem only (DESIGN.md
+    §3.1); a ``ValueError`` raised inside numpy or torch may quote the data it
+    choked on, a label included, so only errors raised in this project's code show
+    their text. Anything else shows its type (the worker's log adds where)."""
+    if isinstance(exc, ValueError) and _raised_here(exc):
         return f"{exc}"
     return f"{type(exc).__name__} in the worker (see the worker's log)"
+
+
+#: The project's packages, whose messages are written to be label-free.
+_OWN_CODE = tuple(
+    f"{Path(__file__).resolve().parents[2] / package}/" for package in ("label_party", "shared")
+)
+
+
+def _raised_here(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(
+        _OWN_CODE
+    )
 
 
 def resolve_device(setting: str) -> str:

@@ -174,3 +174,20 @@ def test_jsonl_nested_values_and_missing_columns_are_named() -> None:
             io.BytesIO(b'{"example_id": "a", "value": 1}\n{"example_id": 2, "value": 1}\n'), "jsonl"
         )
     assert err.value.message == "the file lacks column(s) label"
+
+
+def test_a_training_shows_only_its_own_checks_messages() -> None:
+    """A ValueError from numpy or torch may quote the data it choked on (a label):
+    only the project's own checks, written label-free, show their text."""
+    from label_party.labeldp_pro.accounting import calibrate_noise
+    from label_party.trainings.worker import public_error
+
+    with pytest.raises(ValueError) as parsing:
+        float("label 7.123456")
+    assert public_error(parsing.value) == "ValueError in the worker (see the worker's log)"
+    with pytest.raises(ValueError) as reshaping:
+        np.asarray([1.0, 2.0]).reshape(3)
+    assert "reshape" not in public_error(reshaping.value)
+    with pytest.raises(ValueError) as ours:
+        calibrate_noise(-1.0, 1e-5, 0.1, 10)
+    assert public_error(ours.value) == str(ours.value)  # our check: its message is for users
