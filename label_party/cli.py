@@ -294,6 +294,11 @@ def _register_client_commands(
     p.add_argument("dataset")
     p.set_defaults(handler=_budget)
     p = add("verify-audit", "recompute the audit chain and the ledger")
+    p.add_argument(
+        "--anchor",
+        help="a head an earlier verify-audit printed (SEQ:HASH): fail unless the chain "
+        "still passes through it (keep heads outside the labels party)",
+    )
     p.set_defaults(handler=_verify)
 
 
@@ -409,7 +414,8 @@ def _budget(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    response = _request(args, "GET", "/v1/audit/verify")
+    params = {} if args.anchor is None else {"anchor": args.anchor}
+    response = _request(args, "GET", "/v1/audit/verify", params=params)
     _print(response)
     return 0 if response.json()["ok"] else 1
 

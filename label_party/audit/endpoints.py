@@ -11,6 +11,7 @@ from label_party.audit import service
 from label_party.auth import require, visible_dataset
 from label_party.deps import PrincipalDep, SessionDep
 from label_party.exception_handlers import responses
+from label_party.exceptions import InvalidRequestError
 
 router = APIRouter(tags=["audit"])
 
@@ -40,6 +41,9 @@ class VerificationRead(BaseModel):
     entries: int
     first_bad_entry: int | None = None
     reason: str | None = None
+    #: ``"seq:hash"`` of the last entry: keep it outside this service and pass it
+    #: back as ``anchor`` later; a rewritten chain cannot pass through it.
+    head: str | None = None
 
 
 @router.get(
@@ -99,15 +103,31 @@ def _page(session: Session, dataset_id: str | None, after: int, limit: int) -> A
 @router.get(
     "/v1/audit/verify",
     response_model=VerificationRead,
-    responses=responses(401, 403),
+    responses=responses(401, 403, 422),
     summary="Recompute the hash chain and every part's spend from the log (admin, auditor)",
 )
-def verify(session: SessionDep, principal: PrincipalDep) -> VerificationRead:
+def verify(
+    session: SessionDep,
+    principal: PrincipalDep,
+    anchor: Annotated[
+        str | None,
+        Query(
+            max_length=100,
+            description="a head an earlier verification gave (SEQ:HASH): the chain "
+            "must still pass through it",
+        ),
+    ] = None,
+) -> VerificationRead:
     require(principal, "admin", "auditor")
-    result = service.verify(session)
+    try:
+        parsed = None if anchor is None else service.Anchor.parse(anchor)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    result = service.verify(session, anchor=parsed)
     return VerificationRead(
         ok=result.ok,
         entries=result.entries,
         first_bad_entry=result.first_bad_entry,
         reason=result.reason,
+        head=result.head,
     )

@@ -13,6 +13,7 @@ Payloads carry ids and privacy amounts only — never a label value.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -103,10 +104,33 @@ class Verification:
     entries: int
     first_bad_entry: int | None = None
     reason: str | None = None
+    #: The last entry's ``"seq:hash"``: kept outside the database, it is an anchor
+    #: that a later verification checks the chain still passes through.
+    head: str | None = None
 
 
-def verify(session: Session, *, batch: int = 5000) -> Verification:
-    """Recompute the chain and the budget ledger from the audit entries.
+@dataclass(frozen=True)
+class Anchor:
+    """An entry an auditor recorded (``"seq:hash"``, a verification's ``head``)."""
+
+    seq: int
+    hash: str
+
+    @classmethod
+    def parse(cls, text: str) -> Anchor:
+        seq, _, digest = text.partition(":")
+        if not (seq.isdigit() and int(seq) >= 1 and len(digest) == 64):
+            raise ValueError("an anchor is SEQ:HASH, as a verification's head gives it")
+        return cls(int(seq), digest.lower())
+
+
+def verify(session: Session, *, batch: int = 5000, anchor: Anchor | None = None) -> Verification:
+    """Recompute the chain and the budget ledger from the audit entries, and check
+    that the chain passes through ``anchor``.
+
+    The chain is unkeyed: whoever can write the database can rewrite it whole and
+    recompute every hash. An anchor kept elsewhere (a ticket, a signed mail) is
+    what such a rewrite cannot match.
 
     Reads the log, the datasets and the ledger in one snapshot (:func:`read_snapshot`):
     a release committed between two of those reads would otherwise look like a
@@ -134,6 +158,13 @@ def verify(session: Session, *, batch: int = 5000) -> Verification:
             )
             if row.prev_hash != prev or recomputed != row.hash:
                 return Verification(False, count, row.seq, "hash does not match the entry")
+            if anchor is not None and row.seq == anchor.seq and row.hash != anchor.hash:
+                return Verification(
+                    False,
+                    count,
+                    row.seq,
+                    "the chain was rewritten: the entry differs from the anchor",
+                )
             try:
                 payload = json.loads(row.payload)
             except ValueError:
@@ -158,7 +189,13 @@ def verify(session: Session, *, batch: int = 5000) -> Verification:
                     ),
                 )
             prev, expected_seq, after = row.hash, expected_seq + 1, row.seq
-    return _verify_ledger(session, count, budgets, releases)
+    if anchor is not None and anchor.seq >= expected_seq:
+        return Verification(
+            False, count, None, "the chain is shorter than the anchor: entries were removed"
+        )
+    result = _verify_ledger(session, count, budgets, releases)
+    head = f"{after}:{prev}" if count else None
+    return dataclasses.replace(result, head=head)
 
 
 def _verify_ledger(

@@ -91,3 +91,27 @@ def test_editing_any_row_is_detected(server: Server, engine: Engine) -> None:
     assert result["ok"] is False and result["first_bad_entry"] == created["seq"]
 
     assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_an_anchor_kept_elsewhere_catches_a_rewritten_chain(server: Server) -> None:
+    """The chain is unkeyed: a database writer can rewrite it whole and recompute
+    every hash, and verify still passes. A head recorded outside the service
+    cannot be matched by the rewrite."""
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=1)
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    first = admin.get("/v1/audit/verify").json()
+    seq, digest = first["head"].split(":")
+    assert first["ok"] is True and int(seq) == first["entries"] and len(digest) == 64
+    assert release(admin, ds, 0.5).status_code == 201  # the chain grows past the anchor
+    later = admin.get("/v1/audit/verify", params={"anchor": first["head"]}).json()
+    assert later["ok"] is True and later["head"] != first["head"]
+    rewritten = f"{seq}:{'0' * 64}"  # what a recomputed chain has at that entry
+    result = admin.get("/v1/audit/verify", params={"anchor": rewritten}).json()
+    assert result["ok"] is False and result["first_bad_entry"] == int(seq)
+    assert "rewritten" in result["reason"]
+    beyond = f"{later['entries'] + 1}:{digest}"  # entries removed from the end
+    result = admin.get("/v1/audit/verify", params={"anchor": beyond}).json()
+    assert result["ok"] is False and "shorter" in result["reason"]
+    bad = admin.get("/v1/audit/verify", params={"anchor": "nonsense"})
+    assert bad.status_code == 422
