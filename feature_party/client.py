@@ -9,12 +9,14 @@ Every request has a timeout, and every attempt a watchdog (:class:`_Watchdog`):
 the read timeout bounds a silence, not a trickle, and a labels party (or a proxy)
 sending a byte a second held a request, and its worker thread, for ever. A
 JSON call gets twice the timeout in all; a download must keep making progress
-(64 KiB per timeout). Requests that are safe to repeat — reads, deletes,
-and release creation, which **always** carries an idempotency key (one key per
-logical call, reused by each retry, so a retried request never spends budget
-twice) — are retried with exponential backoff and jitter on connection errors,
-timeouts and 5xx answers. Other writes are retried only when the connection
-failed before the request was sent.
+(64 KiB per timeout); an upload, whose sending it cannot see, has none.
+
+Requests that are safe to repeat — reads, deletes, and release creation, which
+**always** carries an idempotency key (one key per logical call, reused by each
+retry, so a retried request never spends budget twice) — are retried on
+connection errors, timeouts, 5xx and 429 answers, waiting as a ``Retry-After``
+says (up to 60 s) or else a jittered exponential backoff. Other writes are retried only when the
+connection failed before the request was sent, or on a 429 (turned away unread).
 
 Exceptions::
 
@@ -105,7 +107,9 @@ class _Watchdog:
     download, re-armed by :meth:`progress`), or of the first window (``min_bytes``
     ``None``: the whole answer must come in it)."""
 
-    def __init__(self, abort: Callable[[], None], *, window: float, min_bytes: int | None) -> None:
+    def __init__(
+        self, abort: Callable[[], None], *, window: float | None, min_bytes: int | None
+    ) -> None:
         self._abort = abort
         self._window = window
         self._min_bytes = min_bytes
@@ -115,9 +119,11 @@ class _Watchdog:
         self.fired = False
         self.reason = ""
         self._timer: threading.Timer | None = None
-        self._arm()
+        if window is not None:  # None: an upload, whose sending the watchdog cannot see
+            self._arm()
 
     def _arm(self) -> None:
+        assert self._window is not None
         self._timer = threading.Timer(self._window, self._expire)
         self._timer.daemon = True
         self._timer.start()
@@ -488,7 +494,10 @@ class LabelsPartyClient:
                 self._raise_for(response)
             return response
 
-        return self._retrying(attempt, idempotent=safe, what=f"{method} {path}")
+        uploading = files_factory is not None or data is not None
+        return self._retrying(
+            attempt, idempotent=safe, what=f"{method} {path}", uploading=uploading
+        )
 
     def _retrying(
         self,
@@ -497,11 +506,12 @@ class LabelsPartyClient:
         idempotent: bool,
         what: str,
         streaming: bool = False,
+        uploading: bool = False,
     ) -> T:
         last = ""
         for i in range(self.retries + 1):
             try:
-                return self._watched(attempt, streaming=streaming)
+                return self._watched(attempt, streaming=streaming, uploading=uploading)
             except _ServerError as exc:
                 last = str(exc)
                 if exc.processed and not idempotent:
@@ -522,14 +532,15 @@ class LabelsPartyClient:
             attempts=self.retries + 1,
         )
 
-    def _watched(self, attempt: Callable[[_Watchdog], T], *, streaming: bool) -> T:
+    def _watched(self, attempt: Callable[[_Watchdog], T], *, streaming: bool, uploading: bool) -> T:
         """One attempt under a :class:`_Watchdog` that closes the connections under
-        it when it stalls; a fresh connection pool for the next attempt then."""
+        it when it stalls; a fresh connection pool for the next attempt then. An
+        upload has none: its body may take long to send, at any healthy speed,
+        and only the read timeout bounds its answer."""
         http = self._http
+        window = None if uploading else self.timeout if streaming else 2 * self.timeout
         watchdog = _Watchdog(
-            http.close,
-            window=self.timeout if streaming else 2 * self.timeout,
-            min_bytes=_PROGRESS_BYTES if streaming else None,
+            http.close, window=window, min_bytes=_PROGRESS_BYTES if streaming else None
         )
         try:
             return attempt(watchdog)
@@ -577,17 +588,18 @@ class _ServerError(Exception):
         self.processed = processed
 
 
-#: The longest ``Retry-After`` honoured: a longer one fails the call instead.
+#: The longest wait a ``Retry-After`` gets: a longer one is waited this long.
 MAX_RETRY_AFTER = 60.0
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    """``Retry-After`` in seconds (its delay form; a date is ignored), or ``None``."""
+    """``Retry-After`` in seconds, at most :data:`MAX_RETRY_AFTER` (its delay
+    form; a date is ignored), or ``None``."""
     try:
         seconds = float(response.headers.get("Retry-After", ""))
     except ValueError:
         return None
-    return seconds if 0 <= seconds <= MAX_RETRY_AFTER else None
+    return min(seconds, MAX_RETRY_AFTER) if seconds >= 0 else None
 
 
 def _upload(file: Path | bytes, filename: str) -> Callable[[], dict[str, Any]]:

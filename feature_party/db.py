@@ -59,9 +59,26 @@ def end_reads(session: Session) -> None:
     before slow network I/O: held across a stalled labels party, each request kept
     one, and 15 of them took the pool (5 + 10) and every other request with it. The
     session begins again when next used; its objects reload then."""
-    if session.new or session.dirty or session.deleted:
-        raise RuntimeError("end_reads on a session with pending writes")
+    if session.new or session.dirty or session.deleted or session.info.get(_WROTE):
+        raise RuntimeError("end_reads on a session with writes: they would be lost")
     session.rollback()
+
+
+#: ``session.info`` key: the session's transaction has flushed a write.
+_WROTE = "feature_party.wrote"
+
+
+def _track_writes(factory: sessionmaker[Session]) -> None:
+    """Keep :data:`_WROTE` in ``session.info`` for :func:`end_reads`."""
+
+    @event.listens_for(factory, "after_flush")
+    def _wrote(session: Session, _context: Any) -> None:
+        session.info[_WROTE] = True
+
+    @event.listens_for(factory, "after_transaction_end")
+    def _ended(session: Session, transaction: Any) -> None:
+        if transaction.parent is None:  # the outermost: its writes are settled
+            session.info.pop(_WROTE, None)
 
 
 class Database:
@@ -70,6 +87,7 @@ class Database:
     def __init__(self, url: str) -> None:
         self.engine = make_engine(url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        _track_writes(self.sessions)
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -30,17 +30,18 @@ def admin_token_problem(token: str | None) -> str | None:
     return None
 
 
-#: What a bearer token may hold: visible ASCII. One with a space, a line break or
-#: a non-ASCII letter cannot go in a header, and httpx's complaint about it quoted
+#: What a bearer token may hold: visible ASCII, spaces inside (an admin token may
+#: be a passphrase). One with a line break, a non-ASCII letter or a space at either
+#: end cannot go in a header as sent, and httpx's complaint about it quoted
 #: the whole header, token included, into errors, logs and stored run errors.
-_BEARER = re.compile(r"[\x21-\x7e]+")
+_BEARER = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
 
 def _check_bearer(token: SecretStr) -> SecretStr:
     if not _BEARER.fullmatch(token.get_secret_value()):
         raise ValueError(
             "the token must be the labels party's token as it gave it: visible ASCII "
-            "characters only (no spaces, line breaks or other letters)"
+            "characters, spaces only between them (no line breaks or other letters)"
         )
     return token
 

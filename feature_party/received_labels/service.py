@@ -107,13 +107,21 @@ def _with_key(request: ReceivedLabelsCreate) -> ReceivedLabelsCreate:
 
 
 def _naming_key(error: FeaturePartyError, key: str) -> FeaturePartyError:
-    """``error`` from a release request whose answer never came back: the release
-    may have been made and paid for, so the retry must send the same key."""
-    error.message += (
-        f"; the release may have been made: retry with release.idempotency_key {key!r} "
-        "to get it without spending again"
-    )
+    """``error`` from a release request that may have spent ε under ``key`` (a key
+    this service made up when the caller gave none): its answer never came back,
+    or the labels party charged a failed mechanism. The retry must send the key."""
     extra = error.detail if isinstance(error.detail, dict) else {"detail": error.detail}
+    if extra.get("error") == "release_failed":
+        error.code = "release_failed"
+        error.message += (
+            f"; retry with release.idempotency_key {key!r} to get this answer again "
+            "without spending more"
+        )
+    else:
+        error.message += (
+            f"; the release may have been made: retry with release.idempotency_key {key!r} "
+            "to get it without spending again"
+        )
     error.detail = {"idempotency_key": key, **extra}
     return error
 
@@ -127,7 +135,8 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
             manifest = client.get_release(request.release_id)
     except UPSTREAM_ERRORS as exc:
         error = upstream_error(exc)
-        if request.release is not None and isinstance(error, UpstreamError):
+        charged = isinstance(error.detail, dict) and error.detail.get("error") == "release_failed"
+        if request.release is not None and (isinstance(error, UpstreamError) or charged):
             assert request.release.idempotency_key is not None  # _with_key
             raise _naming_key(error, request.release.idempotency_key) from None
         raise error from None

@@ -184,7 +184,26 @@ def fit(
 ) -> Mechanism:
     """Fit mechanism ``name`` at ``epsilon`` to ``prior`` over ``values``."""
     spec = get_spec(name)
-    request = FitRequest(
+    try:
+        return spec.factory(_request(epsilon, values, prior, loss, domain, params))
+    except MechanismError:
+        raise
+    except Exception as exc:
+        # A solver's own failure (an IndexError, a LinAlgError) is the mechanism's:
+        # a release must charge it like any other (releases.service), never let it
+        # through as a free 500 whose occurrence may depend on a noisy prior.
+        raise MechanismError(f"{name} could not be fitted ({type(exc).__name__})") from exc
+
+
+def _request(
+    epsilon: float,
+    values: FloatArray,
+    prior: FloatArray,
+    loss: Loss,
+    domain: tuple[float, float] | None,
+    params: Mapping[str, Any] | None,
+) -> FitRequest:
+    return FitRequest(
         epsilon=check_epsilon(epsilon),
         values=np.asarray(values, dtype=np.float64),
         prior=np.asarray(prior, dtype=np.float64),
@@ -192,4 +211,3 @@ def fit(
         domain=domain,
         params=dict(params or {}),
     )
-    return spec.factory(request)

@@ -593,6 +593,8 @@ def _sandwich(
     (15–20 s).
     """
     used = sol.m > 0
+    if not used.any():  # a degenerate solution (ε in the 30s): no neighbours to go by
+        return np.ones((np.size(cand), k), dtype=bool)
     pos, support = current[used], sol.s[used] > 0
     order = np.argsort(pos)
     pos, support = pos[order], support[order]

@@ -20,9 +20,11 @@ batch by batch. Nothing here touches the database.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from label_party.datasets.domain import ClassificationDomain, RegressionDomain
+from label_party.datasets.domain import ClassificationDomain, RegressionDomain, parse_domain
 from label_party.example_priors.service import LoadedPriors
 from label_party.exceptions import InvalidRequestError
 from label_party.labels.validation import LABELS_SCHEMA
@@ -109,36 +111,77 @@ def check_plan(plan: ReleasePlan, task: str) -> None:
             raise InvalidRequestError("prior_epsilon must be > 0 and below epsilon")
 
 
-def preflight(plan: ReleasePlan) -> None:
+def preflight(plan: ReleasePlan, num_labels: int) -> ReleasePlan:
     """Fit the mechanism to a uniform prior, before any label is read or any ε is
     reserved: an option it refuses, or a fit that fails whatever the labels, is a
-    free refusal here. After the reservation every mechanism failure is charged
+    free refusal here. After the reservation every failure is charged
     (``releases.service``), since a fit to a noisy prior can fail or not with the
-    labels. Fits at ``ε − prior_epsilon`` (``ε/2`` while the split is unknown): a
-    fit that fails only at the real split is charged, never a free query."""
+    labels. The fit is at the release's own ε₂, so a label-independent failure is
+    never charged; ``plan`` is returned with its prior's ε fixed (the default split
+    for ``num_labels`` labels in scope, a label-independent count). Results are
+    cached: a release repeating a configuration pays for its fit once."""
+    if num_labels == 0:
+        raise InvalidRequestError("the release's scope holds no labelled examples")
     if prior_source(plan) == "example":
-        return  # fitted per example to the prior set's rows: checked with them
-    grid = plan.domain.grid()
+        return plan  # fitted per example to the prior set's rows: checked with them
     spec = get_spec(plan.mechanism)
-    epsilon = plan.epsilon
-    if spec.uses_prior:
-        epsilon -= plan.prior_epsilon if plan.prior_epsilon is not None else epsilon / 2
-    bounds = (
-        (plan.domain.min, plan.domain.max) if isinstance(plan.domain, RegressionDomain) else None
-    )
+    if spec.uses_prior and prior_source(plan) == "global":
+        plan = replace(plan, prior_epsilon=prior_split(plan, plan.domain.grid().size, num_labels))
+    epsilon = plan.epsilon - (plan.prior_epsilon or 0)
     params = {k: v for k, v in plan.params.items() if k not in ("prior_source", "prior_id")}
+    problem = _uniform_fit_problem(
+        plan.mechanism,
+        json.dumps(params, sort_keys=True, default=str),
+        str(epsilon),
+        plan.domain.model_dump_json(),
+        plan.loss,
+    )
+    if problem is not None:
+        raise InvalidRequestError(problem)
+    return plan
+
+
+def prior_split(plan: ReleasePlan, num_values: int, num_labels: int) -> Decimal:
+    """The prior's ε: the request's, or min(√(k/n), ε/2) rounded down to the
+    ledger's unit, so that ε₁ + ε₂ = ε exactly in Decimal."""
+    if plan.prior_epsilon is not None:
+        prior_eps = plan.prior_epsilon
+    else:
+        split = default_prior_epsilon(
+            num_values=num_values, num_labels=num_labels, epsilon=float(plan.epsilon)
+        )
+        prior_eps = Decimal(math.floor(split * EPSILON_SCALE)) / EPSILON_SCALE
+    if not 0 < prior_eps < plan.epsilon:
+        raise InvalidRequestError("the prior's ε must be > 0 and below the release's ε")
+    return prior_eps
+
+
+def _parse_domain_json(text: str) -> RegressionDomain | ClassificationDomain:
+    raw = json.loads(text)
+    return parse_domain(str(raw["kind"]), raw)
+
+
+@functools.lru_cache(maxsize=256)
+def _uniform_fit_problem(
+    mechanism: str, params: str, epsilon: str, domain: str, loss: Loss
+) -> str | None:
+    """Why ``mechanism`` cannot be fitted to a uniform prior, or ``None``."""
+    parsed = _parse_domain_json(domain)
+    grid = parsed.grid()
+    bounds = (parsed.min, parsed.max) if isinstance(parsed, RegressionDomain) else None
     try:
         fit(
-            plan.mechanism,
+            mechanism,
             epsilon=float(epsilon),
             values=grid,
             prior=np.full(grid.size, 1.0 / grid.size),
-            loss=plan.loss,
+            loss=loss,
             domain=bounds,
-            params=params,
+            params=json.loads(params),
         )
     except MechanismError as exc:
-        raise InvalidRequestError(str(exc)) from None
+        return str(exc)
+    return None
 
 
 def prior_source(plan: ReleasePlan) -> str:
@@ -217,14 +260,7 @@ def randomize(
     prior: np.ndarray = np.full(k, 1.0 / k)
     if spec.uses_prior:
         assert rows is not None
-        if plan.prior_epsilon is not None:
-            prior_eps = plan.prior_epsilon
-        else:
-            split = default_prior_epsilon(num_values=k, num_labels=n, epsilon=float(plan.epsilon))
-            # Rounded down to the ledger's unit, so ε₁ + ε₂ = ε exactly in Decimal.
-            prior_eps = Decimal(math.floor(split * EPSILON_SCALE)) / EPSILON_SCALE
-        if not 0 < prior_eps < plan.epsilon:
-            raise InvalidRequestError("the prior's ε must be > 0 and below the release's ε")
+        prior_eps = prior_split(plan, k, n)
         prior = np.asarray(laplace_histogram(rows, k, epsilon=prior_eps, rng=prior_rng), np.float64)
 
     bounds = (
@@ -358,15 +394,7 @@ def randomize_with_example_priors(
     if priors.kind == "groups":
         assert priors.group_of_row is not None and priors.group_names is not None
         num_groups = len(priors.group_names)
-        if plan.prior_epsilon is not None:
-            prior_eps = plan.prior_epsilon
-        else:
-            split = default_prior_epsilon(
-                num_values=k * num_groups, num_labels=n, epsilon=float(plan.epsilon)
-            )
-            prior_eps = Decimal(math.floor(split * EPSILON_SCALE)) / EPSILON_SCALE
-        if not 0 < prior_eps < plan.epsilon:
-            raise InvalidRequestError("the prior's ε must be > 0 and below the release's ε")
+        prior_eps = prior_split(plan, k * num_groups, n)
         group_of = priors.group_of_row[rows]
         _ids, group_priors = group_histograms(
             labels, group_of, k, epsilon=prior_eps, num_groups=num_groups, rng=prior_rng

@@ -5,8 +5,8 @@ idempotent request (spends nothing) → reserve the cost in the ledger (or refus
 logging the refusal) → fit and randomize into a file named by its SHA-256 →
 release row and audit entry → commit (by the request session). A failure before
 the commit rolls everything back; the file it may leave is unreferenced and swept
-at the next start. Except a mechanism's own failure (``MechanismError``) once the
-labels are read: whether a mechanism fails can depend on the labels (an LP on a
+at the next start. Except any other failure once the labels are read (a
+mechanism's, a solver's): whether a mechanism fails can depend on the labels (an LP on a
 noisy prior, a discrete mechanism's integrality), so a refusal that cost nothing
 would be a free, repeatable query of them. It is charged (``release.failed``)
 and says only that it failed (:class:`ReleaseFailedError`).
@@ -38,6 +38,7 @@ from label_party.exceptions import (
     ConflictError,
     IdempotencyConflictError,
     InvalidRequestError,
+    LabelPartyError,
     NotFoundError,
     ReleaseFailedError,
 )
@@ -140,6 +141,14 @@ def _selected_ids(
     return table.column("example_id").filter(mask).combine_chunks()
 
 
+def _labels_in_scope(settings: Settings, dataset: Dataset, selected: pa.Array | None) -> int:
+    """How many labelled examples a release touches, from ids alone (no label read)."""
+    if selected is None:
+        return dataset.num_labels or 0
+    ids = pq.read_table(labels_path(settings, dataset), columns=["example_id"]).column(0)
+    return int(pc.sum(pc.is_in(ids, value_set=selected)).as_py() or 0)
+
+
 def _generators(
     settings: Settings, session: Session, dataset: Dataset
 ) -> tuple[np.random.Generator, random.Random | None]:
@@ -186,7 +195,7 @@ def create(
     parts = normalize_parts(body.parts)
     selected = None if parts is None else _selected_ids(settings, session, dataset, parts)
     priors = _example_priors(session, settings, dataset, plan)
-    preflight(plan)
+    plan = preflight(plan, _labels_in_scope(settings, dataset, selected))
     entry = ledger.reserve(session, principal, dataset, Cost(epsilon_units(body.epsilon), 0, parts))
 
     rng, prior_rng = _generators(settings, session, dataset)
@@ -217,7 +226,9 @@ def create(
         if settings.test_crash_point == "release_mechanism_fails":
             raise MechanismError("injected by LABELDP_TEST_CRASH_POINT")
         _final, sha = publish_by_hash(tmp, settings.releases_dir)
-    except MechanismError as exc:
+    except (OSError, LabelPartyError):
+        raise  # storage, or a refusal that reads ids only: rolled back, nothing spent
+    except Exception as exc:
         session.add(
             ReleaseFailure(
                 id=str(uuid.uuid4()),
@@ -288,7 +299,7 @@ def _charged_failure(
     dataset: Dataset,
     entry: LedgerEntry,
     plan: ReleasePlan,
-    exc: MechanismError,
+    exc: Exception,
 ) -> ReleaseFailedError:
     """Keep the reservation, log ``release.failed``; the error to raise."""
     audit.append(
@@ -320,7 +331,10 @@ def _failure_error(mechanism: str, entry: LedgerEntry | None) -> ReleaseFailedEr
         "(whether it fails may depend on the labels, so the failure is charged and its "
         "reason withheld; a retry with the same idempotency key spends nothing more). "
         "Try another mechanism or a smaller ε",
-        detail={"ledger_entry_id": entry.id, "epsilon_spent": str(epsilon_decimal(entry.epsilon))},
+        detail={
+            "ledger_entry_id": entry.id,
+            "epsilon_spent": format(epsilon_decimal(entry.epsilon).normalize(), "f"),
+        },
     )
 
 

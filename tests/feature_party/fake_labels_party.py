@@ -63,6 +63,9 @@ class FakeLabelsParty:
     wrong_hash: bool = False
     on_release: Callable[[], None] | None = None
     """called while a release POST is being answered"""
+    mechanism_fails: bool = False
+    """charge every new release and answer 422 release_failed (replayed by key)"""
+    failed_keys: set[str] = field(default_factory=set)
     releases: dict[str, ReleaseRead] = field(default_factory=dict)
     by_key: dict[str, str] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
@@ -96,12 +99,17 @@ class FakeLabelsParty:
                 self.on_release()
             key = body.idempotency_key
             assert key is not None and key == idempotency_key, "the client must send a key"
+            if key in self.failed_keys:
+                return error(422, "release_failed", "the mechanism failed; its ε is spent")
             if key in self.by_key:
                 release = self.releases[self.by_key[key]]
             else:
                 if self.spent + float(body.epsilon) > self.budget:
                     return error(409, "budget_exceeded", "the release would exceed the budget")
                 self.spent += float(body.epsilon)
+                if self.mechanism_fails:
+                    self.failed_keys.add(key)
+                    return error(422, "release_failed", "the mechanism failed; its ε is spent")
                 release = self._release(float(body.epsilon), key)
             if self.fail_posts > 0:
                 self.fail_posts -= 1

@@ -429,6 +429,27 @@ def test_a_release_whose_answer_was_lost_names_its_idempotency_key(
     assert len(labels_party.releases) == 1
 
 
+def test_a_charged_mechanism_failure_names_the_key_that_replays_it(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    """It came back as labels_party_refused, which reads as nothing spent, without
+    the key the features party had made up (review of 0226214)."""
+    data = synthetic(20)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    labels_party.mechanism_fails = True
+    fs = upload(client, data.features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "release_failed"
+    key = body["detail"]["idempotency_key"]
+    assert key in body["message"]
+    release = {"mechanism": {"name": "laplace"}, "epsilon": 1.0, "idempotency_key": key}
+    again = receive(client, labels_party, fs["id"], release=release)
+    assert again.json()["error"] == "release_failed"
+    assert labels_party.spent == 1.0  # replayed, not paid again
+
+
 @pytest.mark.parametrize("token", [TOKEN + "\n", " " + TOKEN, TOKEN[:-1] + "é"])
 def test_a_token_that_cannot_be_a_header_is_422_and_never_echoed(
     client: httpx.Client, labels_party: FakeLabelsParty, token: str
@@ -743,3 +764,25 @@ def test_configs_that_could_only_fail_in_the_worker_are_422(
     assert r.status_code == 422 and "the cnn reads 1×28×28 = 784" in r.json()["message"]
     r = client.post("/v1/jobs", headers=AUTH, json={**job, "validation_fraction": 0.99})
     assert r.status_code == 422 and "leaves none to train on" in r.json()["message"]
+
+
+def test_end_reads_refuses_a_session_that_flushed_a_write(settings: Settings) -> None:
+    """It checked unflushed changes only: a flushed row was rolled back silently."""
+    from feature_party.db import end_reads
+
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    fs_id, _labels = seed_inputs(database, settings, n=10)
+    with database.session() as session:
+        session.get(FeatureSet, fs_id)
+        end_reads(session)  # reads only: fine
+        row = session.get(FeatureSet, fs_id)
+        assert row is not None
+        row.name = "renamed"
+        session.flush()
+        with pytest.raises(RuntimeError, match="would be lost"):
+            end_reads(session)
+    with database.session() as session:
+        assert session.get(FeatureSet, fs_id).name == "renamed"  # type: ignore[union-attr]
+        end_reads(session)  # a new transaction: nothing written yet
+    database.dispose()

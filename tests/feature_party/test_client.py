@@ -199,6 +199,44 @@ def test_a_trickling_labels_party_cannot_hold_a_request(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_slow_but_steady_upload_is_not_cut(tmp_path: Path) -> None:
+    """The watchdog cannot see an upload's sending: it cut healthy ones that took
+    longer than twice the timeout to send (review of 311fe40)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    body = b'{"num_labels": 3}'
+
+    def slow_reader() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            got = len(rest)
+            while got < length:  # about 3 MB/s: 14 MiB take 4.6 s, over 2 x 2 s
+                time.sleep(0.02)
+                got += len(conn.recv(65536))
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+
+    thread = threading.Thread(target=slow_reader, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with LabelsPartyClient(url, TOKEN, timeout=2.0, retries=0) as c:
+        started = time.monotonic()
+        assert c.upload_labels("ds", b"x" * (14 << 20)) == {"num_labels": 3}
+        assert time.monotonic() - started > 4.0  # it was slow, and it was not cut
+    thread.join(timeout=5)
+    sock.close()
+
+
 def test_retry_after_is_honoured_and_a_429_retries_even_a_write() -> None:
     """A 429 turns a request away unread, so even a write that is not idempotent
     may go again; both wait as long as the labels party asked, not a jittered

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,35 @@ def test_3_3_a_mechanism_failing_after_reading_the_labels_is_charged(make_server
     assert admin.get("/v1/audit/verify").json()["ok"] is True
     # The labels were read and paid for: they are frozen, as after a release.
     assert upload_labels(admin, ds, ["a", "b"], [3.0, 4.0]).status_code == 409
+
+
+def test_3_3_a_fit_that_fails_whatever_the_labels_is_a_free_refusal(server: Server) -> None:
+    """Checked at the release's own ε₂ before anything is reserved: the LP at ε ≈ 50
+    fails for every prior, and the preflight at ε/2 passed, so it was charged."""
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=100)
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    r = release(admin, ds, 50, mechanism={"name": "unbiased"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+
+
+def test_a_solver_crash_is_a_mechanism_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A solver's IndexError went through as a free 500 after the reservation, and
+    whether it happened depended on the noisy prior; ``fit`` now makes every
+    failure a MechanismError, which a release charges."""
+    import numpy as np
+
+    from label_party.mechanisms import registry
+    from label_party.mechanisms.base import MechanismError
+
+    def crash(_request: object) -> None:
+        raise IndexError("index 0 is out of bounds for axis 0 with size 0")
+
+    spec = registry.get_spec("unbiased")
+    monkeypatch.setattr(registry, "get_spec", lambda _name: replace(spec, factory=crash))
+    with pytest.raises(MechanismError, match=r"could not be fitted \(IndexError\)"):
+        registry.fit("unbiased", epsilon=1.0, values=np.arange(3.0), prior=np.ones(3) / 3)
 
 
 def test_3_1_a_discrete_release_succeeds_whatever_the_labels_values(server: Server) -> None:

@@ -96,7 +96,7 @@ def test_whether_a_release_succeeds_does_not_depend_on_the_labels(
         domain=parse_domain(task, REGRESSION if task == "regression" else CLASSES),
     )
     check_plan(plan, task)
-    preflight(plan)
+    plan = preflight(plan, N)
     outcomes = {
         name: _outcome(plan, labels, tmp_path) for name, labels in _label_vectors(task).items()
     }

@@ -2,6 +2,12 @@
 and a retry with the same idempotency key replays the failure instead of paying
 again.
 
+Downgrading drops the table, not the charges: the failures' ledger entries and
+``release.failed`` audit entries stay, and code of revision 0003, which knows
+neither, reports them in ``GET /v1/audit/verify`` as ledger entries without an
+audit entry, and no longer counts them in freezing the labels. Upgrade again
+rather than run 0003 code on such a database.
+
 Revision ID: 0004
 Revises: 0003
 """
