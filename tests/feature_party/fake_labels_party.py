@@ -181,8 +181,9 @@ def serve(fake: FakeLabelsParty) -> Iterator[FakeLabelsParty]:
 
 
 @contextmanager
-def dropping_server() -> Iterator[str]:
-    """A TCP server that accepts connections and closes them without answering."""
+def tcp_server(handle: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """A raw TCP server on loopback: ``handle(connection, stop)`` runs on a thread
+    of its own for each connection; ``stop`` is set when the server closes."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
@@ -197,7 +198,7 @@ def dropping_server() -> Iterator[str]:
                 continue
             except OSError:
                 return
-            conn.close()
+            threading.Thread(target=handle, args=(conn, stop), daemon=True).start()
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
@@ -207,3 +208,33 @@ def dropping_server() -> Iterator[str]:
         stop.set()
         thread.join(timeout=5)
         sock.close()
+
+
+@contextmanager
+def dropping_server() -> Iterator[str]:
+    """A TCP server that accepts connections and closes them without answering."""
+    with tcp_server(lambda conn, _stop: conn.close()) as url:
+        yield url
+
+
+@contextmanager
+def trickling_server(*, headers_first: bool) -> Iterator[str]:
+    """Answers every request a byte at a time, 20 a second: the whole answer
+    (``headers_first=False``) or, after prompt headers, its body."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+
+    def answer(conn: socket.socket, stop: threading.Event) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                if headers_first:
+                    conn.sendall(head)
+                for byte in b"x" * 100_000 if headers_first else head + b"x" * 100_000:
+                    if stop.wait(0.05):
+                        return
+                    conn.sendall(bytes([byte]))
+            except OSError:
+                return
+
+    with tcp_server(answer) as url:
+        yield url

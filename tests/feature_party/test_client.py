@@ -6,8 +6,6 @@ import hashlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -29,6 +27,7 @@ from tests.feature_party.fake_labels_party import (
     dropping_server,
     free_port,
     serve_app,
+    trickling_server,
 )
 
 REQUEST = ReleaseCreate.model_validate({"mechanism": {"name": "laplace"}, "epsilon": 1})
@@ -135,50 +134,6 @@ def test_an_answer_of_the_wrong_shape_is_the_labels_party_s_error(tmp_path: Path
             c.create_release("ds", REQUEST)
         with pytest.raises(LabelsPartyError, match="not a ReleaseRead"):
             c.get_release("r")
-
-
-@contextmanager
-def trickling_server(*, headers_first: bool) -> Iterator[str]:
-    """Answers every request a byte at a time, 20 a second: the whole answer
-    (``headers_first=False``) or, after prompt headers, its body."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    sock.settimeout(0.1)
-    stop = threading.Event()
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
-
-    def answer(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                if headers_first:
-                    conn.sendall(head)
-                for byte in b"x" * 100_000 if headers_first else head + b"x" * 100_000:
-                    if stop.wait(0.05):
-                        return
-                    conn.sendall(bytes([byte]))
-            except OSError:
-                return
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        sock.close()
 
 
 @pytest.mark.parametrize("headers_first", [False, True])
