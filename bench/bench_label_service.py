@@ -3,11 +3,13 @@
 Targets (label-party issue): 10M labels from Parquet stored in ≤ 30 s (upload
 over HTTP, vectorized validation, Parquet write) and 10M regression labels
 released end to end in ≤ 20 s (reserve, private prior, rounding to the grid,
-fit, chunked sampling, Parquet write, SHA-256, commit). A real uvicorn server
+fit, chunked sampling, Parquet write, SHA-256, commit); ``unbiased`` is released
+twice, its first release paying for the label-free preflight fit too. A real uvicorn server
 runs in a thread on 127.0.0.1 with SQLite in a temporary data directory; the
 synthetic labels are continuous (not on the grid), so rounding is exercised.
 
-Run: ``.venv/bin/python -m bench.bench_label_service [--labels N] [--database-url URL]``;
+Run: ``.venv/bin/python -m bench.bench_label_service [--labels N] [--grid-size K]
+[--database-url URL]``;
 writes ``bench/results/label_service.json`` (``label_service_postgres.json`` with a URL).
 """
 
@@ -63,6 +65,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--labels", type=int, default=10_000_000)
     parser.add_argument(
+        "--grid-size", type=int, default=101, help="the label grid on [0, 100] (default 101)"
+    )
+    parser.add_argument(
         "--database-url", help="an empty database to use (default: SQLite in a temp dir)"
     )
     args = parser.parse_args()
@@ -83,6 +88,7 @@ def main() -> None:
             time.sleep(0.05)
         results: dict[str, Any] = {
             "labels": args.labels,
+            "grid_size": args.grid_size,
             "upload_bytes": source.stat().st_size,
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "database": "postgres" if args.database_url else "sqlite",
@@ -97,7 +103,7 @@ def main() -> None:
                 json={
                     "name": "bench",
                     "task": "regression",
-                    "label_domain": {"min": 0, "max": 100, "grid_size": 101},
+                    "label_domain": {"min": 0, "max": 100, "grid_size": args.grid_size},
                     "epsilon_budget": 100,
                 },
             ).json()["id"]
@@ -110,7 +116,11 @@ def main() -> None:
                 )
             assert body["num_labels"] == args.labels
             results["ingest_seconds"] = round(seconds, 2)
-            for mechanism in ("rr-on-bins", "laplace"):
+            # unbiased twice: the first release of a configuration also fits it to
+            # a uniform prior before reserving (releases.pipeline.preflight); a
+            # repeat finds that verdict cached.
+            runs = ("rr-on-bins", "laplace", "unbiased", "unbiased")
+            for i, mechanism in enumerate(runs):
                 seconds, manifest = _timed(
                     client,
                     "POST",
@@ -118,7 +128,8 @@ def main() -> None:
                     json={"mechanism": {"name": mechanism}, "epsilon": 1},
                 )
                 assert manifest["num_labels"] == args.labels
-                results[f"release_seconds_{mechanism}"] = round(seconds, 2)
+                repeat = "_repeat" if mechanism in runs[:i] else ""
+                results[f"release_seconds_{mechanism}{repeat}"] = round(seconds, 2)
             start = time.perf_counter()
             download = client.get(f"/v1/releases/{manifest['id']}/labels")
             results["download_parquet_seconds"] = round(time.perf_counter() - start, 2)
