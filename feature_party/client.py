@@ -97,6 +97,10 @@ class ReleaseIntegrityError(LabelsPartyError):
     """The downloaded labels do not match the manifest's SHA-256."""
 
 
+#: Downloads of one file before a hash mismatch is an error: a transfer corrupted
+#: once (a flaky proxy) is fetched again; the same mismatch twice is the file's.
+_INTEGRITY_TRIES = 2
+
 #: Bytes a download must receive in each timeout window.
 _PROGRESS_BYTES = 64 * 1024
 
@@ -362,14 +366,14 @@ class LabelsPartyClient:
             return digest.hexdigest(), response.headers.get("X-Content-SHA256")
 
         try:
-            sha, announced = self._retrying(attempt, idempotent=True, what=what, streaming=True)
-            for expected in (expected_sha256, announced):
-                if expected is not None and sha != expected.lower():
-                    raise ReleaseIntegrityError(
-                        f"{what}: the bytes hash to {sha}, expected {expected}"
-                    )
-            os.replace(tmp, dest)
-            return sha
+            for _try in range(_INTEGRITY_TRIES):
+                sha, announced = self._retrying(attempt, idempotent=True, what=what, streaming=True)
+                wrong = [e for e in (expected_sha256, announced) if e and sha != e.lower()]
+                if not wrong:
+                    os.replace(tmp, dest)
+                    return sha
+            # Wrong every time: the file's fault, not one transfer's.
+            raise ReleaseIntegrityError(f"{what}: the bytes hash to {sha}, expected {wrong[0]}")
         finally:
             tmp.unlink(missing_ok=True)
 

@@ -60,6 +60,8 @@ class FakeLabelsParty:
     """answer this many release POSTs with 503 *after* spending (as a crash would)"""
     fail_gets: int = 0
     """answer this many label downloads with 500"""
+    corrupt_gets: int = 0
+    """serve this many label downloads with a flipped byte (200, a corrupt transfer)"""
     wrong_hash: bool = False
     on_release: Callable[[], None] | None = None
     """called while a release POST is being answered"""
@@ -129,7 +131,11 @@ class FakeLabelsParty:
             if self.fail_gets > 0:
                 self.fail_gets -= 1
                 return error(500, "internal_error", "boom")
-            return Response(self.labels, media_type=PARQUET_MEDIA_TYPE)
+            body = self.labels
+            if self.corrupt_gets > 0:
+                self.corrupt_gets -= 1
+                body = bytes([body[0] ^ 0xFF]) + body[1:]
+            return Response(body, media_type=PARQUET_MEDIA_TYPE)
 
         return app
 

@@ -95,6 +95,18 @@ def test_hash_mismatch_leaves_nothing(tmp_path: Path, fake: FakeLabelsParty) -> 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_transfer_corrupted_once_is_fetched_again(tmp_path: Path, fake: FakeLabelsParty) -> None:
+    fake.corrupt_gets = 1  # a flaky proxy, once
+    with make(fake.url) as c:
+        release = c.create_release(fake.dataset_id, REQUEST)
+        sha = c.download_labels(release.id, tmp_path / "l.parquet", expected_sha256=release.sha256)
+    assert sha == release.sha256 and (tmp_path / "l.parquet").read_bytes() == fake.labels
+    fake.corrupt_gets = 2  # twice: an error, and nothing left behind
+    with make(fake.url) as c, pytest.raises(ReleaseIntegrityError, match="hash to"):
+        c.download_labels(release.id, tmp_path / "m.parquet", expected_sha256=release.sha256)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.parquet"]
+
+
 def test_down_and_dropping_servers_raise_unavailable_after_retries() -> None:
     with (
         make(f"http://127.0.0.1:{free_port()}") as c,
