@@ -88,11 +88,19 @@ class Driver:
             self._run()
         except _Stopped:
             self._finish(RunStatus.INTERRUPTED, "the service stopped; resume with the token")
-        except RunFailedError as exc:
-            self._finish(RunStatus.FAILED, str(exc))
         except Exception as exc:
-            log.exception("multistage run %s failed", self.run_id)
-            self._finish(RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            why = str(exc) if isinstance(exc, RunFailedError) else f"{type(exc).__name__}: {exc}"
+            if self.stop.is_set():
+                # A step that fails while the service stops may fail because of the
+                # stop (its connections closing): a resume tries it again.
+                self._finish(
+                    RunStatus.INTERRUPTED,
+                    f"the service stopped during a step ({why}); resume with the token",
+                )
+            else:
+                if not isinstance(exc, RunFailedError):
+                    log.exception("multistage run %s failed", self.run_id)
+                self._finish(RunStatus.FAILED, why)
 
     def _run(self) -> None:
         self.run = self._load()

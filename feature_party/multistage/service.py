@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -56,13 +57,37 @@ class Drivers:
             return current is not None and current[0].is_alive()
 
     def stop_all(self, timeout: float = 30.0) -> None:
-        """Stop every driver at its next step (runs become ``interrupted``)."""
+        """Stop every driver at its next step (runs become ``interrupted``).
+
+        A driver still inside a step when ``timeout`` runs out (a release or an
+        upload in flight) is marked ``interrupted`` here: its daemon thread dies
+        with the process, and without the mark its run would read ``running`` and
+        refuse a resume until it went stale. A resume replays the step (releases
+        by their idempotency key, so nothing is paid twice)."""
         with self._lock:
-            threads = list(self._threads.values())
-        for _, stop in threads:
+            threads = dict(self._threads)
+        for _, stop in threads.values():
             stop.set()
-        for thread, _ in threads:
-            thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread, _ in threads.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for run_id, (thread, _) in threads.items():
+            if thread.is_alive():
+                mark_interrupted(self.database, run_id, STOPPED_MID_STEP)
+
+
+STOPPED_MID_STEP = (
+    "the service stopped while a step was in flight; resume with the token "
+    "(a release is replayed by its idempotency key, not paid again)"
+)
+
+
+def mark_interrupted(database: Database, run_id: str, error: str) -> None:
+    """Mark a ``running`` run interrupted (a run that ended meanwhile keeps its end)."""
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        if run is not None and run.status == RunStatus.RUNNING:
+            run.status, run.error, run.updated_at = RunStatus.INTERRUPTED, error, utcnow()
 
 
 def create(session: Session, body: MultistageCreate) -> MultistageRun:
