@@ -42,7 +42,6 @@ def canonical(value: Any) -> str:
 
 
 def entry_hash(
-    *,
     seq: int,
     created_at: str,
     actor: str,
@@ -142,53 +141,25 @@ def verify(session: Session, *, batch: int = 5000, anchor: Anchor | None = None)
     # ledger entry -> (seq, dataset, cost), from releases and trainings
     releases: dict[str, tuple[int, str, Cost]] = {}
     after = 0
-    while rows := page(session, dataset_id=None, after=after, limit=batch):
+    while rows := repository.chain_page(session, after=after, limit=batch):
         for row in rows:
             count += 1
-            if row.seq != expected_seq:
+            seq, created, actor, action, dataset_id, payload, prev_hash, digest = row
+            if seq != expected_seq:
                 return Verification(False, count, expected_seq, "entry missing from the chain")
-            recomputed = entry_hash(
-                seq=row.seq,
-                created_at=row.created_at,
-                actor=row.actor,
-                action=row.action,
-                dataset_id=row.dataset_id,
-                payload=row.payload,
-                prev_hash=row.prev_hash,
-            )
-            if row.prev_hash != prev or recomputed != row.hash:
-                return Verification(False, count, row.seq, "hash does not match the entry")
-            if anchor is not None and row.seq == anchor.seq and row.hash != anchor.hash:
+            if (
+                prev_hash != prev
+                or entry_hash(seq, created, actor, action, dataset_id, payload, prev_hash) != digest
+            ):
+                return Verification(False, count, seq, "hash does not match the entry")
+            if anchor is not None and seq == anchor.seq and digest != anchor.hash:
                 return Verification(
-                    False,
-                    count,
-                    row.seq,
-                    "the chain was rewritten: the entry differs from the anchor",
+                    False, count, seq, "the chain was rewritten: the entry differs from the anchor"
                 )
-            try:
-                payload = json.loads(row.payload)
-            except ValueError:
-                return Verification(False, count, row.seq, "payload is not JSON")
-            if row.action == "dataset.created" and row.dataset_id is not None:
-                budgets[row.dataset_id] = (
-                    row.seq,
-                    int(payload["epsilon_budget_units"]),
-                    int(payload["delta_budget_units"]),
-                )
-            elif row.action in SPENDING_ACTIONS and row.dataset_id is not None:
-                if payload["ledger_entry_id"] in releases:
-                    return Verification(False, count, row.seq, "ledger entry logged twice")
-                parts = payload.get("parts")
-                releases[payload["ledger_entry_id"]] = (
-                    row.seq,
-                    row.dataset_id,
-                    Cost(
-                        int(payload["epsilon_units"]),
-                        int(payload["delta_units"]),
-                        None if parts is None else tuple(parts),
-                    ),
-                )
-            prev, expected_seq, after = row.hash, expected_seq + 1, row.seq
+            problem = _derive(seq, action, dataset_id, payload, budgets, releases)
+            if problem is not None:
+                return Verification(False, count, seq, problem)
+            prev, expected_seq, after = digest, expected_seq + 1, seq
     if anchor is not None and anchor.seq >= expected_seq:
         return Verification(
             False, count, None, "the chain is shorter than the anchor: entries were removed"
@@ -196,6 +167,44 @@ def verify(session: Session, *, batch: int = 5000, anchor: Anchor | None = None)
     result = _verify_ledger(session, count, budgets, releases)
     head = f"{after}:{prev}" if count else None
     return dataclasses.replace(result, head=head)
+
+
+def _derive(
+    seq: int,
+    action: str,
+    dataset_id: str | None,
+    payload_text: str,
+    budgets: dict[str, tuple[int, int, int]],
+    releases: dict[str, tuple[int, str, Cost]],
+) -> str | None:
+    """Record what entry ``seq`` says of a budget or a spend; the problem, if any.
+
+    A payload is read only through its hash-checked text, so a malformed one here is
+    a chain rewritten whole (hashes recomputed): reported, not a server error."""
+    try:
+        payload = json.loads(payload_text)
+    except ValueError:
+        return "payload is not JSON"
+    try:
+        if action == "dataset.created" and dataset_id is not None:
+            budgets[dataset_id] = (
+                seq,
+                int(payload["epsilon_budget_units"]),
+                int(payload["delta_budget_units"]),
+            )
+        elif action in SPENDING_ACTIONS and dataset_id is not None:
+            if payload["ledger_entry_id"] in releases:
+                return "ledger entry logged twice"
+            parts = payload.get("parts")
+            cost = Cost(
+                int(payload["epsilon_units"]),
+                int(payload["delta_units"]),
+                None if parts is None else tuple(parts),
+            )
+            releases[payload["ledger_entry_id"]] = (seq, dataset_id, cost)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return f"the payload of a {action} entry lacks its amounts"
+    return None
 
 
 def _verify_ledger(

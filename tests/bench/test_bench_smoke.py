@@ -165,3 +165,8 @@ def test_denoiser_bias_rows_per_smoothing(tmp_path: Path) -> None:
     bad = subprocess.run([*command, "--smoothing", "1.5"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "--smoothing" in bad.stderr
+
+
+def test_audit_verify(tmp_path: Path) -> None:
+    result = _bench("bench_audit", tmp_path / "audit.json")
+    assert [row["entries"] for row in result["sizes"]] == [2, 200]

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
+from label_party.audit import service as audit
+from label_party.db import connect, migrate, transaction
 from tests.label_party.conftest import Server
 from tests.label_party.helpers import create_dataset, release, upload_labels
 
@@ -115,3 +118,33 @@ def test_an_anchor_kept_elsewhere_catches_a_rewritten_chain(server: Server) -> N
     assert result["ok"] is False and "shorter" in result["reason"]
     bad = admin.get("/v1/audit/verify", params={"anchor": "nonsense"})
     assert bad.status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ({"ledger_entry_id": "x", "epsilon_units": 1}, "lacks its amounts"),
+        ({"ledger_entry_id": "x", "epsilon_units": "one", "delta_units": 0}, "lacks its amounts"),
+        (["not", "an", "object"], "lacks its amounts"),
+    ],
+)
+def test_a_chain_rewritten_with_malformed_payloads_fails_verification(
+    tmp_path: Path, payload: object, reason: str
+) -> None:
+    """Whoever rewrites the chain whole can recompute its hashes over any payload:
+    verification reports it as a bad entry instead of failing with a server error."""
+    database = connect(f"sqlite:///{tmp_path}/labels.db")
+    migrate(database.writer_engine)
+    with transaction(database.writer) as session:
+        audit.append(session, actor="a", action="labels.uploaded", payload={"n": 1})
+        bad = audit.append(session, actor="a", action="release.created", dataset_id="d")
+        text_ = audit.canonical(payload)
+        bad.payload = text_
+        bad.hash = audit.entry_hash(
+            bad.seq, bad.created_at, bad.actor, bad.action, bad.dataset_id, text_, bad.prev_hash
+        )
+    with transaction(database.reader) as session:
+        result = audit.verify(session)
+    database.dispose()
+    assert (result.ok, result.first_bad_entry) == (False, 2)
+    assert reason in (result.reason or "")
