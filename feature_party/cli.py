@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import sys
@@ -29,8 +28,10 @@ from feature_party.cli_client import (
     service_url,
 )
 from feature_party.client import path_segment
-from feature_party.config import Settings, get_settings
+from feature_party.config import Settings
+from shared.logging import configure_logging
 from shared.settings_help import add_serve_command, settings_epilog
+from shared.startup import StartupError
 from shared.worker_loop import WorkerBusyError, run_queue_worker
 
 
@@ -41,7 +42,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sub = fp.add_subparsers(dest="feature_party_command", required=True, metavar="ACTION")
 
     epilog = settings_epilog(
-        Settings, {"database_url": "SQLite in LABELDP_DATA_DIR", "admin_token": "required"}
+        Settings,
+        {
+            "database_url": "SQLite in LABELDP_DATA_DIR",
+            "admin_token": "required by serve (the worker needs none)",
+        },
     )
     add_serve_command(sub, party="features-party", port=8002, epilog=epilog, handler=run_serve)
 
@@ -177,21 +182,34 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from feature_party.app import create_app
 
+    settings = _ready_settings()
     try:
-        app = create_app()
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="none")
+        app = create_app(settings)
+    except ValueError as exc:  # the admin token
+        raise StartupError(str(exc)) from None
+    configure_logging(settings.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, ws="none")
     return 0
+
+
+def _ready_settings() -> Settings:
+    """The settings, their data directory writable and their database migrated: a
+    problem with any is one line (``shared.startup``), before anything starts."""
+    from feature_party.db import make_engine, migrate
+    from shared.startup import load_settings, open_database, prepare_data_dir
+
+    settings = load_settings(Settings)
+    prepare_data_dir(settings.data_dir)
+    open_database(settings.resolved_database_url, make_engine, migrate)
+    return settings
 
 
 def run_worker(args: argparse.Namespace) -> int:
     from feature_party.db import Database, migrate
     from feature_party.jobs.worker import Worker
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = get_settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings = _ready_settings()
+    configure_logging(settings.log_level)
 
     def open_worker(url: str) -> tuple[Worker, Callable[[], None]]:
         database = Database(url)
@@ -349,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(["feature-party", *(sys.argv[1:] if argv is None else argv)])
     try:
         result: int = args.handler(args)
-    except (CommandError, WorkerBusyError) as exc:
+    except (CommandError, WorkerBusyError, StartupError, ValueError) as exc:
         print(f"labeldp: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

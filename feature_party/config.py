@@ -18,6 +18,7 @@ features party reads the same names as the labels party:
 ``LABELDP_CLIENT_TIMEOUT_SECONDS`` / ``LABELDP_CLIENT_RETRIES``
                                the labels-party client (per request, retries
                                on connection errors, 5xx and 429)
+``LABELDP_LOG_LEVEL``          DEBUG, INFO (default), WARNING, ERROR
 =============================  ===============================================
 """
 
@@ -26,10 +27,11 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.tokens import admin_token_problem
+from shared.logging import LogLevel
+from shared.tokens import AdminToken, admin_token_problem
 
 
 class Settings(BaseSettings):
@@ -37,7 +39,7 @@ class Settings(BaseSettings):
 
     database_url: str | None = None
     data_dir: Path = Path("labeldp-data/feature-party")
-    admin_token: SecretStr | None = None
+    admin_token: AdminToken = None
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
     #: Largest accepted body that is not a multipart upload (JSON), parsed whole in
     #: memory (413 above).
@@ -50,6 +52,7 @@ class Settings(BaseSettings):
     # (a container, a Postgres failover) is waited for; a Retry-After is honoured.
     client_retries: int = Field(default=6, ge=0)
     client_backoff_seconds: float = Field(default=1.0, ge=0)
+    log_level: LogLevel = "INFO"
 
     @property
     def resolved_database_url(self) -> str:

@@ -19,13 +19,14 @@ from label_party.example_priors.endpoints import router as priors_router
 from label_party.exceptions import PayloadTooLargeError
 from label_party.health import router as health_router
 from label_party.labels.endpoints import router as labels_router
-from label_party.observability import RequestContextMiddleware
+from label_party.observability import ACCESS_LOGGER, observe_request
 from label_party.partitions.endpoints import router as partitions_router
 from label_party.previews.endpoints import router as previews_router
 from label_party.releases.endpoints import router as releases_router
 from label_party.storage import sweep_orphans
 from label_party.trainings.endpoints import router as trainings_router
 from shared.limits import BodyLimitMiddleware
+from shared.request_log import RequestLogMiddleware
 
 logger = logging.getLogger("label_party")
 
@@ -65,7 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         authorized=_has_bearer_token,
         unauthorized_message="a bearer token is required",
     )
-    app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(RequestLogMiddleware, logger=ACCESS_LOGGER, observe=observe_request)
     for router in (
         datasets_router,
         labels_router,

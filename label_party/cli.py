@@ -35,7 +35,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="run a LabelDP-Pro training worker (settings as for serve)",
         description="Claim queued trainings from the service's database and train them\n"
         "(CUDA when present; LABELDP_TRAINING_DEVICE=auto|cpu|cuda). Any number of\n"
-        "workers on Postgres; one on SQLite.",
+        "workers on Postgres; one on SQLite. It reads the same settings as serve and\n"
+        "checks them whole, LABELDP_ADMIN_TOKEN included, though it serves no API.",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -148,17 +149,11 @@ def run_preview(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
-    from pydantic import ValidationError
 
     from label_party.app import create_app
-    from label_party.config import Settings
     from shared.logging import configure_logging
 
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        problems = "; ".join(str(e["msg"]) for e in exc.errors())
-        raise CommandError(f"invalid settings: {problems}") from None
+    settings = _ready_settings()
     configure_logging(settings.log_level)
     uvicorn.run(
         create_app(settings),
@@ -170,30 +165,36 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _settings() -> Any:
-    from pydantic import ValidationError
+def _ready_settings() -> Settings:
+    """The settings, their data directory writable and their database migrated: a
+    problem with any is one line (``shared.startup``), before the server starts."""
+    from shared.startup import load_settings
 
-    from label_party.config import Settings
+    return _prepared(load_settings(Settings))
 
-    try:
-        return Settings()
-    except ValidationError as exc:
-        problems = "; ".join(str(e["msg"]) for e in exc.errors())
-        raise CommandError(f"invalid settings: {problems}") from None
+
+def _prepared(settings: Settings) -> Settings:
+    from label_party.db import connect, migrate
+    from shared.startup import open_database, prepare_data_dir
+
+    prepare_data_dir(settings.data_dir)
+    open_database(settings.resolved_database_url, lambda url: connect(url).writer_engine, migrate)
+    return settings
 
 
 def run_worker(args: argparse.Namespace) -> int:
     from label_party.db import connect, migrate
     from label_party.trainings.worker import Worker, resolve_device
     from shared.logging import configure_logging
+    from shared.startup import load_settings
 
-    settings = _settings()
+    settings = load_settings(Settings)
     try:  # before claiming anything: each claimed training has been paid for
         resolve_device(settings.training_device)
     except RuntimeError as exc:
         raise CommandError(str(exc)) from None
+    _prepared(settings)
     configure_logging(settings.log_level)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
 
     def open_worker(url: str) -> tuple[Worker, Callable[[], None]]:
         db = connect(url)

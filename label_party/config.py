@@ -11,10 +11,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.tokens import MIN_LENGTH, admin_token_problem
+from shared.logging import LogLevel
+from shared.tokens import MIN_LENGTH, AdminToken, admin_token_problem
 
 #: Secrets nobody may deploy with.
 
@@ -28,7 +29,7 @@ class Settings(BaseSettings):
     mode: Literal["production", "dev", "test"] = "production"
     data_dir: Path = Path("./labeldp-data")
     database_url: str | None = None
-    admin_token: SecretStr | None = None
+    admin_token: AdminToken = None
     #: Largest accepted label upload, in bytes (413 above).
     max_upload_bytes: int = Field(default=2 << 30, gt=0)
     #: Largest accepted body that is not a multipart upload (JSON), parsed whole in
@@ -38,7 +39,7 @@ class Settings(BaseSettings):
     chunk_size: int = Field(default=1 << 20, gt=0)
     #: Largest label grid a regression domain may declare.
     max_grid_size: int = Field(default=10_001, gt=1)
-    log_level: str = "INFO"
+    log_level: LogLevel = "INFO"
     #: LabelDP-Pro trainings (``labeldp label-party worker``): the torch device
     #: (``auto``: CUDA when the worker has it), how often an idle worker polls,
     #: how long a claim's lease lasts and how often a running training renews it.

@@ -1,4 +1,4 @@
-"""Request ids, the access log and Prometheus metrics.
+"""Prometheus metrics (request ids and the access log: ``shared.request_log``).
 
 Metrics: requests by method, route template and status; releases by mechanism;
 ε spent per dataset, read from the ledger at scrape time (so it is right after a
@@ -9,17 +9,12 @@ the request counter. No metric carries anything label-derived but the budget.
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from shared.logging import request_id_var
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 REQUESTS = Counter(
@@ -33,7 +28,8 @@ RELEASES = Counter(
     "labeldp_releases_total", "Releases persisted, by mechanism", ["mechanism"], registry=REGISTRY
 )
 
-access_log = logging.getLogger("label_party.access")
+#: The access log's logger (``shared.request_log.RequestLogMiddleware``).
+ACCESS_LOGGER = "label_party.access"
 log = logging.getLogger("label_party.metrics")
 
 
@@ -80,48 +76,7 @@ def scrape(db: Any) -> bytes:
     return generate_latest(REGISTRY) + generate_latest(ledger)
 
 
-class RequestContextMiddleware:
-    """Give each request an id (``X-Request-ID`` in, or new), log and count it."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
-        request_id = incoming if 0 < len(incoming) <= 100 and incoming.isprintable() else ""
-        request_id = request_id or uuid.uuid4().hex
-        token = request_id_var.set(request_id)
-        status = 500
-        start = time.perf_counter()
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", request_id.encode()))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            elapsed = time.perf_counter() - start
-            route = getattr(scope.get("route"), "path", "unmatched")
-            REQUESTS.labels(scope["method"], route, str(status)).inc()
-            LATENCY.labels(route).observe(elapsed)
-            access_log.info(
-                "request",
-                extra={
-                    "fields": {
-                        "method": scope["method"],
-                        "route": route,
-                        "status": status,
-                        "seconds": round(elapsed, 4),
-                    }
-                },
-            )
-            request_id_var.reset(token)
+def observe_request(method: str, route: str, status: int, seconds: float) -> None:
+    """Count and time a request (the access log's observer, ``shared.request_log``)."""
+    REQUESTS.labels(method, route, str(status)).inc()
+    LATENCY.labels(route).observe(seconds)

@@ -20,6 +20,7 @@ from label_party import cli as label_cli
 from labeldp import demo, experiment
 from labeldp.processes import ServiceStartError
 from shared.migrations import ForeignSchemaError
+from shared.startup import StartupError
 from shared.worker_loop import WorkerBusyError
 
 #: Options whose value is a secret token. ``secrets.token_urlsafe`` (which the
@@ -85,7 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(attach_token_values(sys.argv[1:] if argv is None else argv))
     try:
         result: int = args.handler(args)
-    except (label_cli.CommandError, FeatureCommandError, WorkerBusyError, ValueError) as exc:
+    except (
+        label_cli.CommandError,
+        FeatureCommandError,
+        WorkerBusyError,
+        StartupError,
+        ValueError,
+    ) as exc:
         print(f"labeldp: error: {_shown(exc)}", file=sys.stderr)
         return 2
     except RUNTIME_ERRORS as exc:

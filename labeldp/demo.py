@@ -232,7 +232,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = commands.add_parser(
         "demo",
         help="run both parties end to end on a real dataset and write a report",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", ""),  # plain text, not RST
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="fewer epochs and a coarser LP (CI)")

@@ -660,7 +660,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = commands.add_parser(
         "experiment",
         help="run one dataset × method × ε over seeds through both services; report MSEs",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", ""),  # plain text, not RST
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--dataset", metavar="NAME",

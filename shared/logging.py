@@ -15,7 +15,15 @@ import logging
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator
+
+#: The ``LABELDP_LOG_LEVEL`` setting (any case).
+LogLevel = Annotated[
+    Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+    BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
+]
 
 request_id_var: ContextVar[str | None] = ContextVar("labeldp_request_id", default=None)
 

@@ -26,11 +26,24 @@ def settings_epilog(settings: type[BaseSettings], unset: Mapping[str, str] = {})
     lines = ["settings (environment variables, default):"]
     fields = settings.model_fields
     for env, (name, field) in zip(environment_names(settings), fields.items(), strict=True):
+        if name.startswith("test_"):
+            continue  # test-only switches, refused outside LABELDP_MODE=test
         default = None if field.is_required() else field.get_default(call_default_factory=True)
         shown = unset.get(name, "unset") if default is None else str(default)
         lines.append(f"  {env:<34} {shown}")
     lines.append("docs/operations.md says what each does.")
     return "\n".join(lines)
+
+
+def tcp_port(text: str) -> int:
+    """An ``argparse`` type: a TCP port number, 1–65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {port}")
+    return port
 
 
 def add_serve_command(
@@ -50,5 +63,5 @@ def add_serve_command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=port, help="port (default: %(default)s)")
+    serve.add_argument("--port", type=tcp_port, default=port, help="port (default: %(default)s)")
     serve.set_defaults(handler=handler)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, SecretStr
+from pydantic import AfterValidator, BeforeValidator, SecretStr
 
 MIN_LENGTH = 16
+#: Fewer distinct characters than this (``aaaa…``, ``abababab…``) is a pattern, not a
+#: secret, whatever its length.
+MIN_DISTINCT = 8
 WEAK_TOKENS = frozenset({"admin", "changeme", "change-me", "secret", "token", "password"})
 PLACEHOLDER_PREFIXES = ("change-me", "changeme", "replace-me", "your-", "example")
 
@@ -27,7 +30,21 @@ def admin_token_problem(token: str | None) -> str | None:
         return "LABELDP_ADMIN_TOKEN is a well-known or placeholder value"
     if len(value) < MIN_LENGTH:
         return f"LABELDP_ADMIN_TOKEN must be at least {MIN_LENGTH} characters"
+    if len(set(value)) < MIN_DISTINCT:
+        return (
+            f"LABELDP_ADMIN_TOKEN repeats a pattern (fewer than {MIN_DISTINCT} distinct characters)"
+        )
     return None
+
+
+def _strip(value: object) -> object:
+    """A token read from a file or an env file often ends with a line break; the
+    service must compare against the token as checked, without it."""
+    return value.strip() if isinstance(value, str) else value
+
+
+#: The ``LABELDP_ADMIN_TOKEN`` setting: surrounding whitespace is not part of it.
+AdminToken = Annotated[SecretStr | None, BeforeValidator(_strip)]
 
 
 #: What a bearer token may hold: visible ASCII, spaces inside (an admin token may

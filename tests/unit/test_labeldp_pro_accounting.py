@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 
 import dp_accounting
 import pytest
@@ -133,3 +134,14 @@ def test_bad_inputs_raise(kwargs: dict[str, float], message: str) -> None:
 def test_epsilon_for_rejects_bad_sigma() -> None:
     with pytest.raises(ValueError, match="noise_multiplier"):
         epsilon_for(0.0, 0.01, 10, 1e-5)
+
+
+def test_the_librarys_excluded_order_warnings_stay_out_of_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """q = 0.25 over 8 steps makes the library give up on fractional orders for
+    small σ (it excludes them: ε stays an upper bound); its warnings are dropped."""
+    with caplog.at_level(logging.WARNING):
+        sigma = calibrate_noise(1.0, 1e-5, 0.25, 8)
+    assert epsilon_for(sigma, 0.25, 8, 1e-5) <= 1.0
+    assert not [r for r in caplog.records if "converge" in r.getMessage()]

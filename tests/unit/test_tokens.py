@@ -14,8 +14,10 @@ ENV_EXAMPLE = Path(__file__).parents[2] / ".env.example"
 
 
 @pytest.mark.parametrize(
-    "token", [None, "", "   ", "admin", "change-me", "short-token", "Change-Me-label-admin-123456"]
-)
+    "token",
+    [None, "", "   ", "admin", "change-me", "short-token", "Change-Me-label-admin-123456",
+     "a" * 40, "abcabcabcabcabcabcabc"],
+)  # fmt: skip
 def test_weak_tokens_have_a_problem(token: str | None) -> None:
     assert admin_token_problem(token)
 
@@ -40,3 +42,15 @@ def test_the_example_env_file_secrets_are_refused_by_both_services(
             LabelSettings()
         with pytest.raises(ValueError, match="LABELDP_ADMIN_TOKEN"):
             FeatureSettings().require_admin_token()
+
+
+@pytest.mark.parametrize("settings", [LabelSettings, FeatureSettings])
+def test_a_token_read_with_its_line_break_is_the_token_without_it(
+    settings: type[LabelSettings] | type[FeatureSettings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token from a secret file or an env file often keeps its newline; the check
+    stripped it but the comparison did not, so the admin was locked out."""
+    monkeypatch.setenv("LABELDP_ADMIN_TOKEN", "Zq3v0Jq1kS9_u7yWQe2m4xR8\n")
+    monkeypatch.delenv("LABELDP_MODE", raising=False)
+    token = settings().admin_token
+    assert token is not None and token.get_secret_value() == "Zq3v0Jq1kS9_u7yWQe2m4xR8"

@@ -1,0 +1,82 @@
+"""What a service or worker checks before it starts, with one line for the
+operator when something is wrong (not a traceback from inside uvicorn's start-up).
+
+Both parties' ``serve`` and ``worker`` commands call these in order: settings, data
+directory, database. Each failure is a :class:`StartupError` naming the
+``LABELDP_*`` variable to fix. Messages never quote a setting's value: a token or a
+database password may be in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import ValidationError
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+T = TypeVar("T")
+
+ENV_PREFIX = "LABELDP_"
+
+
+class StartupError(Exception):
+    """A service cannot start; the message is one line an operator can act on."""
+
+
+def settings_problems(exc: ValidationError) -> str:
+    """``LABELDP_NAME: what is wrong; …`` for each invalid variable."""
+    problems = []
+    for error in exc.errors():
+        message = str(error["msg"]).removeprefix("Value error, ")
+        loc = "_".join(str(part) for part in error["loc"])
+        problems.append(f"{ENV_PREFIX}{loc.upper()}: {message}" if loc else message)
+    return "; ".join(problems)
+
+
+def load_settings(factory: Callable[[], T]) -> T:
+    try:
+        return factory()
+    except ValidationError as exc:
+        raise StartupError(f"invalid settings: {settings_problems(exc)}") from None
+
+
+def prepare_data_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise StartupError(
+            f"{ENV_PREFIX}DATA_DIR {path} is not a writable directory: {exc.strerror}"
+        ) from None
+
+
+def _shown(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(unparsable)"
+
+
+def open_database(url: str, connect: Callable[[str], Engine], migrate: Callable[[Engine], None]
+                  ) -> None:  # fmt: skip
+    """Connect to the database and bring its schema to the newest revision."""
+    try:
+        engine = connect(url)
+    except (ArgumentError, NoSuchModuleError):
+        raise StartupError(
+            f"{ENV_PREFIX}DATABASE_URL is not a database URL this service knows; use "
+            "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB, or leave it unset for SQLite"
+        ) from None
+    try:
+        migrate(engine)
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc) else ""
+        raise StartupError(f"cannot open the database {_shown(url)}: {reason}") from None
+    finally:
+        engine.dispose()

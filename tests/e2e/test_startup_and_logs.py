@@ -1,0 +1,92 @@
+"""Start-up and logs. A service or worker that cannot start says why in one line
+naming the ``LABELDP_*`` variable to fix, and exits 2: no traceback from inside
+uvicorn's start-up, and never a setting's secret value. Both services log JSON
+lines with request ids."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from labeldp.processes import ServiceProcess, free_port
+
+PASSWORD = "pg-secret-4f9a"
+CASES = {
+    "garbage URL": ({"LABELDP_DATABASE_URL": "garbage"}, "LABELDP_DATABASE_URL"),
+    "unreachable Postgres": (
+        {"LABELDP_DATABASE_URL": f"postgresql+psycopg://u:{PASSWORD}@127.0.0.1:1/x"},
+        "cannot open the database",
+    ),
+    "data dir under a file": ({"LABELDP_DATA_DIR": "{tmp}/file/data"}, "LABELDP_DATA_DIR"),
+    "bad number": ({"LABELDP_MAX_UPLOAD_BYTES": "abc"}, "LABELDP_MAX_UPLOAD_BYTES"),
+    "bad log level": ({"LABELDP_LOG_LEVEL": "verbose"}, "LABELDP_LOG_LEVEL"),
+}
+
+
+def _start(tmp_path: Path, command: list[str], overrides: dict[str, str]
+           ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    (tmp_path / "file").write_text("not a directory")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LABELDP_")}
+    env |= {"LABELDP_ADMIN_TOKEN": secrets.token_urlsafe(32),
+            "LABELDP_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    env |= {k: v.format(tmp=tmp_path) for k, v in overrides.items()}
+    return subprocess.run(
+        [sys.executable, "-m", "labeldp", *command],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+#: Each server with every case; each worker (the same checks, ``shared.startup``)
+#: with the two that reach past the settings.
+STARTS = [
+    *[(party, "serve", case) for party in ("label-party", "feature-party") for case in CASES],
+    *[(party, "worker", case) for party in ("label-party", "feature-party")
+      for case in ("unreachable Postgres", "data dir under a file")],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("party", "command", "case"), STARTS)
+def test_a_start_that_cannot_work_is_one_line(tmp_path: Path, party: str, command: str, case: str
+                                              ) -> None:  # fmt: skip
+    overrides, expected = CASES[case]
+    done = _start(tmp_path, [party, command], overrides)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("labeldp: error: "), done.stderr[-2000:]
+    assert expected in lines[0] and PASSWORD not in lines[0]
+
+
+def test_the_features_party_logs_json_lines_with_request_ids(tmp_path: Path) -> None:
+    """As the labels party does: one JSON line per request with its id and route
+    template (never the raw path), probes below INFO, the id echoed to the caller."""
+    token = secrets.token_urlsafe(32)
+    service = ServiceProcess(
+        "features party",
+        ["feature-party", "serve", "--port", str(port := free_port())],
+        {"LABELDP_ADMIN_TOKEN": f"{token}\n", "LABELDP_DATA_DIR": str(tmp_path / "data")},
+        tmp_path / "fp.log",
+        port,
+    )
+    service.start()
+    try:
+        service.wait_healthy()
+        headers = {"Authorization": f"Bearer {token}", "X-Request-ID": "rq-77"}
+        answer = httpx.get(f"{service.url}/v1/jobs/job-1234", headers=headers, timeout=10)
+        assert answer.status_code == 404  # the token, read with its newline, still works
+        assert answer.headers["x-request-id"] == "rq-77"
+    finally:
+        service.stop()
+    lines = [json.loads(line) for line in service.log_path.read_text().splitlines()
+             if line.startswith("{")]  # fmt: skip
+    requests = [line for line in lines if line["message"] == "request"]
+    assert [(r["request_id"], r["route"], r["status"]) for r in requests] == [
+        ("rq-77", "/v1/jobs/{job_id}", 404)
+    ]
+    assert "job-1234" not in service.log_path.read_text()
