@@ -58,7 +58,7 @@ def import_training(
             if status != "succeeded" or not training.get("sha256"):
                 ended = status in ("failed", "cancelled")
                 raise ConflictError(
-                    f"training {body.training_id} has no model: it {status}"
+                    f"training {body.training_id} has no model: it ended {status}"
                     if ended
                     else f"training {body.training_id} has no model yet (it is {status})",
                     code="training_not_ready",
@@ -84,11 +84,15 @@ def import_training(
 def _register(
     session: Session, settings: Settings, relative: Path, training: dict[str, Any]
 ) -> ModelRead:
+    path = settings.data_dir / relative
     try:
-        predictor = _predictor(str((settings.data_dir / relative).resolve()))
-    except (ValueError, KeyError, RuntimeError) as exc:
+        predictor = _predictor(str(path.resolve()))
+    except Exception as exc:  # hash-checked bytes of the labels party: any failure is theirs
+        path.unlink(missing_ok=True)  # not kept where a later import would find it
         raise UpstreamError(
-            f"the labels party's model does not load: {exc}", code="invalid_model"
+            f"the labels party's model does not load ({type(exc).__name__}: {exc})",
+            code="invalid_model",
+            detail={"training_id": training["id"]},
         ) from None
     metrics = {
         "labels_party_training_id": training["id"],

@@ -63,6 +63,10 @@ OptimizerName = Literal["sgd", "momentum", "adam", "rmsprop"]
 OPTIMIZERS: Final[tuple[str, ...]] = get_args(OptimizerName)
 
 
+class DivergedError(ValueError):
+    """The weights or gradients stopped being finite numbers (too large a step)."""
+
+
 @dataclass(frozen=True)
 class LabelDPProConfig:
     """Public configuration of one LabelDP-Pro run (Algorithm 1; Appendix D.2).
@@ -428,6 +432,11 @@ class _Loop:
             expected_batch_size=cfg.expected_batch_size,
             generator=self.gen,
         )
+        if not bool(torch.isfinite(noisy).all()):  # a function of DP outputs: public
+            raise DivergedError(
+                "the model diverged: a noisy gradient is not finite; train with a "
+                "smaller learning_rate or clip_norm"
+            )
         denoised = denoise(
             cfg.denoiser,
             noisy,

@@ -25,7 +25,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from label_party.datasets.domain import ClassificationDomain, RegressionDomain
-from label_party.exceptions import InvalidLabelsError, PayloadTooLargeError
+from label_party.exceptions import InvalidLabelsError, InvalidRequestError, PayloadTooLargeError
 from shared.parquet import ParquetTooLargeError, read_parquet_bounded
 
 FileFormat = Literal["csv", "parquet", "jsonl"]
@@ -59,7 +59,8 @@ def file_format(filename: str | None, content_type: str | None) -> FileFormat:
         return "jsonl"
     if name.endswith((".csv", ".txt")) or (content_type or "").startswith("text/csv"):
         return "csv"
-    raise InvalidLabelsError("the file must be .csv, .parquet or .jsonl", [])
+    # A format, not a label, is at fault: the generic code, for every upload.
+    raise InvalidRequestError("the file must be .csv, .parquet or .jsonl (by its name or type)")
 
 
 def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = COLUMNS) -> pa.Table:

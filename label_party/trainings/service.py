@@ -120,6 +120,11 @@ def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
     names = [c for c in table.column_names if c != "example_id"]
     if not names:
         raise InvalidRequestError("the features file has no feature columns")
+    if "label" in names:
+        raise InvalidRequestError(
+            "a feature column may not be named label: the worker joins the labels under "
+            "that name; rename the column"
+        )
     empty = [c for c in names if pa.types.is_null(table.schema.field(c).type)]
     if empty:
         raise InvalidRequestError(
@@ -143,19 +148,25 @@ def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
     return pa.table(columns)
 
 
+#: Features are trained on as float32: a finite float64 beyond this is infinite there.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _require_finite(table: pa.Table, names: list[str]) -> None:
-    """Refuse missing, NaN and infinite values before anything is charged: the
-    worker would otherwise train on silently imputed zeros."""
+    """Refuse missing, NaN and infinite values, and values beyond float32's range
+    (they become infinite when stored), before anything is charged: the worker
+    would otherwise train on silently imputed zeros."""
     problems = []
     for name in names:
         column = pc.cast(table.column(name), pa.float64())
-        finite = pc.fill_null(pc.is_finite(column), False).to_numpy(zero_copy_only=False)
+        fits = pc.less_equal(pc.abs(column), FLOAT32_MAX)  # false for NaN, null for null
+        finite = pc.fill_null(fits, False).to_numpy(zero_copy_only=False)
         bad = np.flatnonzero(~finite)
         if bad.size:
             problems.append({"column": name, "rows": int(bad.size), "first_row": int(bad[0]) + 1})
     if problems:
         raise InvalidRequestError(
-            "feature values must be finite numbers: "
+            f"feature values must be finite numbers within ±{FLOAT32_MAX:.3g}: "
             + ", ".join(f"{p['column']} ({p['rows']} rows)" for p in problems[:20]),
             {"non_finite": problems[:100]},
         )
@@ -235,18 +246,35 @@ def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, 
     return data, delta
 
 
+#: One example's per-class gradients may take this many times the parameter limit
+#: (64 M floats, 256 MiB, at the default limit).
+PROJECTION_BLOCK_FACTOR = 64
+
+
 def _check_model_size(settings: Settings, resolved: dict[str, Any], num_features: int) -> None:
     """422 for a model the worker could not hold: per-example gradients take
     4 bytes a parameter for each example of a physical batch (up to 1,024)."""
     from label_party.trainings.training import parameter_count
 
-    count = parameter_count(resolved, num_features, int(resolved["num_classes"]))
+    num_classes = int(resolved["num_classes"])
+    count = parameter_count(resolved, num_features, num_classes)
     limit = settings.training_max_parameters
     if count > limit:
         raise InvalidRequestError(
             f"the {resolved['architecture']} has {count:,} parameters; this labels party "
             f"trains models of at most {limit:,} (LABELDP_TRAINING_MAX_PARAMETERS)",
             {"parameters": count, "limit": limit},
+        )
+    # A projecting denoiser holds one example's per-class gradients at a time
+    # (K × parameters floats, about 3× that at the peak of their computation).
+    block_limit = PROJECTION_BLOCK_FACTOR * limit
+    if resolved["denoiser"] != "noop" and num_classes * count > block_limit:
+        raise InvalidRequestError(
+            f"the {resolved['denoiser']} projection needs {num_classes:,} classes × "
+            f"{count:,} parameters = {num_classes * count:,} floats per example; this "
+            f"labels party allows {block_limit:,} ({PROJECTION_BLOCK_FACTOR} × "
+            "LABELDP_TRAINING_MAX_PARAMETERS): use a smaller model or the noop denoiser",
+            {"per_example_floats": num_classes * count, "limit": block_limit},
         )
 
 

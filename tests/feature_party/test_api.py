@@ -723,6 +723,38 @@ def test_model_import_refuses_odd_ids_and_odd_answers(client: httpx.Client) -> N
         assert r.json()["detail"]["training_id"] == "t-1"
 
 
+@pytest.mark.parametrize("artifact", [b"not a torch file", b""], ids=["garbage", "empty"])
+def test_a_model_that_does_not_load_is_a_502_and_leaves_nothing(
+    client: httpx.Client, settings: Settings, artifact: bytes
+) -> None:
+    """Bytes that match their hash but are no model (a labels party's bug, a wrong
+    file): 502 ``invalid_model``, not a 500, and no file kept under models/."""
+    import hashlib
+
+    from fastapi import FastAPI, Response
+
+    from tests.feature_party.fake_labels_party import serve_app
+
+    sha = hashlib.sha256(artifact).hexdigest()
+    other = FastAPI()
+
+    @other.get("/v1/trainings/{training_id}")
+    def training(training_id: str) -> dict[str, str]:
+        return {"id": training_id, "status": "succeeded", "sha256": sha}
+
+    @other.get("/v1/trainings/{training_id}/model")
+    def model(training_id: str) -> Response:
+        return Response(artifact, media_type="application/octet-stream",
+                        headers={"X-Content-SHA256": sha})  # fmt: skip
+
+    with serve_app(other) as url:
+        body = {"labels_party_url": url, "token": TOKEN, "training_id": "t-1"}
+        r = client.post("/v1/models/import", headers=AUTH, json=body)
+    assert r.status_code == 502 and r.json()["error"] == "invalid_model", r.text
+    assert r.json()["detail"]["training_id"] == "t-1"
+    assert not list((settings.data_dir / "models").rglob("*.pt"))
+
+
 def test_declared_categorical_csv_columns_are_read_as_text(tmp_path: Path) -> None:
     from feature_party.feature_sets.ingest import ingest
     from feature_party.feature_sets.schemas import SchemaDeclaration

@@ -352,11 +352,20 @@ def test_refusals_before_any_spend(server: Server, granted: Any, tmp_path: Path)
             {"architecture": "mlp", "hidden": [10**5] * 3},
             "LABELDP_TRAINING_MAX_PARAMETERS",
         ),
+        # A width too large to count (torch's meta build overflowed: a 500).
+        (tabular(ids, labels), {"architecture": "mlp", "hidden": [10**30]}, "hidden"),
+        # Steps and noise that overflow float32: accepted, charged, then failed.
+        (tabular(ids, labels), {"architecture": "mlp", "learning_rate": 1e308}, "learning_rate"),
+        (tabular(ids, labels), {"architecture": "mlp", "clip_norm": 1e308}, "clip_norm"),
+        # The worker joins the labels as "label": a feature of that name broke it.
+        (tabular(ids, labels, label=[1.0] * len(ids)), {"architecture": "mlp"}, "label"),
+        # Finite in float64, infinite once stored as float32 (then trained as 0).
+        (tabular(ids, labels, z=[1e300] * len(ids)), {"architecture": "mlp"}, "finite numbers"),
     ]
     for features, spec, message in cases:
         r = submit(client, dataset_id, features, epsilon=1, **spec)
         assert r.status_code == 422, r.text
-        assert message in r.json()["message"] + json.dumps(r.json()["detail"])
+        assert message in r.json()["message"] + json.dumps(r.json()["detail"]), r.text
     regression, _ids, _labels = make_dataset(admin, task="regression", n=10)
     r = submit(admin, regression, tabular(ids, labels), epsilon=1, architecture="mlp")
     assert r.status_code == 422 and "classification" in r.json()["message"]
@@ -712,3 +721,26 @@ def test_the_spec_may_come_as_a_file_part(server: Server, granted: Any) -> None:
     spec = json.dumps({"epsilon": 1, **CHEAP, "idempotency_key": "as-a-file"}).encode()
     r = client.post(url, files={"file": features, "spec": ("spec.json", spec)})
     assert r.status_code == 201, r.text
+
+
+def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> None:
+    """A projecting denoiser holds one example's K × d per-class gradients: with
+    1,000 classes a 65k-parameter MLP needs 65 M floats, past 64 × the parameter
+    limit, refused before anything is spent; the noop denoiser projects nothing."""
+    admin = server.client()
+    r = admin.post("/v1/datasets", json={"name": "wide", "task": "classification",
+                                         "label_domain": {"num_classes": 1000},
+                                         "epsilon_budget": 10, "delta_budget": 0.1})  # fmt: skip
+    dataset_id = r.json()["id"]
+    ids = [f"e{i}" for i in range(50)]
+    labels = np.arange(50) % 1000
+    assert upload_labels(admin, dataset_id, ids, labels.tolist()).status_code == 200
+    spec = {"epsilon": 1, "architecture": "mlp", "hidden": [64], "alt_batch_size": 8}
+    r = submit(admin, dataset_id, tabular(ids, labels), **spec)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]["per_example_floats"] == 1000 * 65_320, r.text
+    r = submit(admin, dataset_id, tabular(ids, labels), **spec, denoiser="noop")
+    assert r.status_code == 201, r.text
+    r = admin.post(f"/v1/datasets/{dataset_id}/trainings", data={"spec": json.dumps(spec)},
+                   files={"file": ("features.xlsx", b"PK\x03\x04")})  # fmt: skip
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request"

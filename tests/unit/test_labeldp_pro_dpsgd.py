@@ -13,6 +13,7 @@ from label_party.labeldp_pro.denoisers import trainable_parameters
 from label_party.labeldp_pro.dpsgd import (
     Checkpoint,
     Checkpointing,
+    DivergedError,
     LabelDPProConfig,
     ProgressEvent,
     clip_per_example,
@@ -303,3 +304,14 @@ def test_checkpoint_outside_the_run_is_refused() -> None:
             model, x, y, config=config,
             checkpointing=Checkpointing(every_steps=1, save=lambda c: None, resume=bad),
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("denoiser", ["noop", "alt-conv"])
+def test_a_run_that_diverges_says_so(denoiser: str) -> None:
+    """Noise σ·C beyond float32's range: the run stops with what to change, instead
+    of an IndexError deep in the simplex projection of a non-finite gradient."""
+    x, y = _blobs(120, seed=3)
+    config = _config(denoiser=denoiser, clip_norm=1e38, epochs=1)
+    with pytest.raises(DivergedError, match="smaller learning_rate or clip_norm"):
+        train_labeldp_pro(_linear(), x, y, config=config,
+                          generator=torch.Generator().manual_seed(1))  # fmt: skip
