@@ -218,8 +218,9 @@ def _add_connection(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--token",
         default=os.environ.get("LABELDP_TOKEN"),
-        help="a bearer token (default: $LABELDP_TOKEN): the admin's, or a client's for "
-        "what a client may do (releases, budget, trainings of its granted datasets)",
+        help="a bearer token (default: $LABELDP_TOKEN, which keeps it out of ps and shell "
+        "history): the admin's, or a client's for what a client may do (releases, budget, "
+        "trainings of its granted datasets)",
     )
     return p
 

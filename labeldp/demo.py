@@ -33,6 +33,7 @@ from labeldp.datasets import load
 from labeldp.harness import (
     Endpoints,
     Publisher,
+    add_service_options,
     endpoints_from,
     local_services,
     noisy_label_mse,
@@ -239,10 +240,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--epsilon", type=float, default=1.0, help="ε of each release (default 1)")
     p.add_argument("--output", type=Path, default=Path("labeldp-demo"),
                    help="report directory (default ./labeldp-demo)")  # fmt: skip
-    p.add_argument("--labels-party", metavar="URL", help="use a running labels party")
-    p.add_argument("--labels-token", metavar="TOKEN", help="its admin token")
-    p.add_argument("--features-party", metavar="URL", help="use a running features party")
-    p.add_argument("--features-token", metavar="TOKEN", help="its admin token")
+    add_service_options(p)
     p.set_defaults(handler=run)
 
 

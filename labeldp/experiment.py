@@ -62,6 +62,7 @@ from labeldp.harness import (
     Endpoints,
     Publisher,
     RunError,
+    add_service_options,
     align,
     endpoints_from,
     local_services,
@@ -715,10 +716,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="with --labels: comma-separated feature columns to treat as categorical "
                         "(string and boolean columns always are)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print only the result object on stdout")
-    p.add_argument("--labels-party", metavar="URL", help="use a running labels party")
-    p.add_argument("--labels-token", metavar="TOKEN", help="its admin token")
-    p.add_argument("--features-party", metavar="URL", help="use a running features party")
-    p.add_argument("--features-token", metavar="TOKEN", help="its admin token")
+    add_service_options(p)
     p.set_defaults(handler=run)
 
 

@@ -6,8 +6,10 @@ knows), and the non-private baseline trained outside the services.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import os
 import secrets
 import tempfile
 import time
@@ -266,3 +268,17 @@ def non_private_baseline(
     """Test MSE of the same model trained on the true labels, outside the services."""
     predictions = non_private_predictions(data, train_rows, test_rows, training, workdir)
     return float(np.mean((predictions - data.labels[test_rows]) ** 2))
+
+
+def add_service_options(p: argparse.ArgumentParser) -> None:
+    """``--labels-party``/``--features-party`` and their admin tokens. A token is
+    best given by its variable: a command line shows in ``ps`` and shell history."""
+    for party, variable in (("labels", "LABELDP_LABELS_TOKEN"),
+                            ("features", "LABELDP_FEATURES_TOKEN")):  # fmt: skip
+        p.add_argument(f"--{party}-party", metavar="URL", help=f"use a running {party} party")
+        p.add_argument(
+            f"--{party}-token",
+            metavar="TOKEN",
+            default=os.environ.get(variable),
+            help=f"its admin token (default: ${variable}, which keeps it out of ps)",
+        )

@@ -4,6 +4,7 @@ parser's message that may quote a label (``labeldp.cli``)."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from labeldp.cli import _shown, attach_token_values, build_parser
 
@@ -13,6 +14,20 @@ def test_the_demo_takes_dash_tokens() -> None:
             "--features-party", "http://b", "--features-token", "-b2"]  # fmt: skip
     args = build_parser().parse_args(attach_token_values(argv))
     assert (args.labels_token, args.features_token) == ("-a1", "-b2")
+
+
+@pytest.mark.parametrize("command", ["demo", "experiment"])
+def test_the_harness_tokens_come_from_variables(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of the command line, where ``ps`` and shell history show them."""
+    monkeypatch.setenv("LABELDP_LABELS_TOKEN", "lp-secret")
+    monkeypatch.setenv("LABELDP_FEATURES_TOKEN", "fp-secret")
+    argv = [command, "--labels-party", "http://a", "--features-party", "http://b"]
+    if command == "experiment":
+        argv += ["--dataset", "rand-hie-spend", "--method", "laplace", "--epsilon", "1"]
+    args = build_parser().parse_args(argv)
+    assert (args.labels_token, args.features_token) == ("lp-secret", "fp-secret")
 
 
 def test_other_words_pass_unchanged() -> None:
