@@ -65,8 +65,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     jobs = sub.add_parser(
         "jobs",
         help="submit, inspect and cancel training jobs",
-        description="Inspect training jobs; authenticates with the features party's admin "
-        "token, LABELDP_ADMIN_TOKEN.",
+        description="Submit, inspect and cancel training jobs; authenticates with the "
+        "features party's admin token, LABELDP_ADMIN_TOKEN.",
     )
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     handlers = {"get": run_jobs_get, "watch": run_jobs_watch, "cancel": run_jobs_cancel}

@@ -78,7 +78,7 @@ def service_url(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         default=os.environ.get("LABELDP_FEATURE_PARTY_URL", "http://127.0.0.1:8002"),
-        help="features-party URL (env LABELDP_FEATURE_PARTY_URL)",
+        help="features-party URL (default: $LABELDP_FEATURE_PARTY_URL, else http://127.0.0.1:8002)",
     )
 
 

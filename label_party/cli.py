@@ -232,8 +232,11 @@ def _register_client_commands(
         return _add_connection(cmds.add_parser(name, help=help_))
 
     p = add("create-dataset", "create a dataset (admin)")
-    p.add_argument("--name", required=True)
-    p.add_argument("--task", choices=["regression", "classification"], default="regression")
+    p.add_argument("--name", required=True, help="a name for people (ids are generated)")
+    p.add_argument(
+        "--task", choices=["regression", "classification"], default="regression",
+        help="what the labels are (default: regression)",
+    )  # fmt: skip
     p.add_argument(
         "--domain", required=True,
         help='JSON, e.g. \'{"min": 0, "max": 100}\' or \'{"num_classes": 10}\'',
@@ -246,8 +249,8 @@ def _register_client_commands(
     )  # fmt: skip
     p.set_defaults(handler=_create_dataset)
     p = add("upload", "upload a dataset's labels (.csv, .parquet, .jsonl)")
-    p.add_argument("dataset")
-    p.add_argument("file", type=Path)
+    p.add_argument("dataset", help="the dataset's id")
+    p.add_argument("file", type=Path, help="columns example_id and label")
     p.set_defaults(handler=_upload)
     p = add("release", "spend ε on a release; prints its manifest")
     p.add_argument("dataset", help="the dataset's id")
@@ -288,12 +291,14 @@ def _register_client_commands(
     p.add_argument("client", help="the client's id")
     p.set_defaults(handler=_revoke_client)
     p = add("download", "download a release's noisy labels")
-    p.add_argument("release")
-    p.add_argument("--output", type=Path, required=True)
-    p.add_argument("--format", choices=["parquet", "json"], default="parquet")
+    p.add_argument("release", help="the release's id")
+    p.add_argument("--output", type=Path, required=True, help="the file to write")
+    p.add_argument(
+        "--format", choices=["parquet", "json"], default="parquet", help="(default: parquet)"
+    )
     p.set_defaults(handler=_download)
     p = add("budget", "a dataset's budget and spend")
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="the dataset's id")
     p.set_defaults(handler=_budget)
     p = add("verify-audit", "recompute the audit chain and the ledger")
     p.add_argument(
@@ -479,15 +484,15 @@ def _register_training_commands(
     p.add_argument("--dataset", required=True)
     p.set_defaults(handler=_training_list)
     p = add("cancel", "cancel a queued or running training; its (ε, δ) stays spent")
-    p.add_argument("training")
+    p.add_argument("training", help="the training's id")
     p.set_defaults(handler=_training_cancel)
     for name, help_ in (("get", "print a training as JSON"), ("watch", "follow until it ends")):
         p = add(name, help_)
-        p.add_argument("training")
+        p.add_argument("training", help="the training's id")
         p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
         p.set_defaults(handler=_training_get if name == "get" else _training_watch)
     p = add("download", "download a trained model's artifact")
-    p.add_argument("training")
+    p.add_argument("training", help="the training's id")
     p.add_argument("--output", type=Path, required=True)
     p.set_defaults(handler=_training_download)
 
