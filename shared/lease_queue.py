@@ -15,7 +15,7 @@ workers can never both win a transition; on Postgres the claim also selects with
 queueing on one (SQLite ignores the clause and serializes writers; run a single
 worker there). A running row holds a *lease* its worker renews with each
 heartbeat; when a worker dies the lease expires and the next claim takes the row
-again (``attempts`` + 1).
+again (``attempts`` + 1; a clean hand-back gives its attempt back).
 
 :class:`LeaseQueue` is parameterized by the ORM class of the table, which must
 have the columns ``id, status, worker_id, attempts, lease_expires_at,
@@ -166,33 +166,47 @@ class LeaseQueue(Generic[RowT]):
         )
 
     def release(self, row_id: str, worker_id: str) -> bool:
-        """Give a running row back to the queue (worker shutting down)."""
+        """Give a running row back to the queue (worker shutting down). The claim's
+        attempt is given back too: ``attempts`` counts the claims that ended with a
+        lost lease (a worker that died) or are running, so deploys that stop workers
+        cleanly never fail the work."""
+        t = self._t
         return (
             self._rowcount(
-                update(self._t)
+                update(t)
                 .where(self._mine(row_id, worker_id))
-                .values(status=Status.QUEUED, worker_id=None, lease_expires_at=None)
+                .values(
+                    status=Status.QUEUED,
+                    worker_id=None,
+                    lease_expires_at=None,
+                    attempts=t.attempts - 1,
+                )
             )
             == 1
         )
 
-    def fail_exhausted(self, *, max_attempts: int) -> int:
-        """Rows whose workers died ``max_attempts`` times fail instead of looping."""
+    def fail_exhausted(self, *, max_attempts: int) -> list[str]:
+        """Rows whose workers died ``max_attempts`` times fail instead of looping;
+        their ids (the caller records and cleans up after them)."""
         t = self._t
         now = self.now()
-        return self._rowcount(
+        exhausted = and_(
+            t.status == Status.RUNNING, t.lease_expires_at < now, t.attempts >= max_attempts
+        )
+        ids = list(self.session.scalars(select(t.id).where(exhausted).with_for_update()))
+        if not ids:
+            return []
+        self.session.execute(
             update(t)
-            .where(
-                t.status == Status.RUNNING,
-                t.lease_expires_at < now,
-                t.attempts >= max_attempts,
-            )
+            .where(t.id.in_(ids), exhausted)
             .values(
                 status=Status.FAILED,
                 error=f"the worker stopped responding {max_attempts} times",
                 finished_at=now,
+                lease_expires_at=None,
             )
         )
+        return ids
 
     def cancel(self, row_id: str) -> bool:
         """Cancel a queued or running row; False if it is already final."""

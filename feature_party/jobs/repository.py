@@ -32,7 +32,7 @@ class JobRepository:
     def _queue(self) -> LeaseQueue[Job]:
         return LeaseQueue(self.session, Job, clock=utcnow)
 
-    def fail_exhausted(self, *, max_attempts: int) -> int:
+    def fail_exhausted(self, *, max_attempts: int) -> list[str]:
         """Jobs whose workers died ``max_attempts`` times fail instead of looping."""
         return self._queue().fail_exhausted(max_attempts=max_attempts)
 

@@ -67,7 +67,8 @@ class Worker(PollingWorker):
         try:
             with self.db.session() as session:
                 repo = JobRepository(session)
-                repo.fail_exhausted(max_attempts=MAX_ATTEMPTS)
+                for job_id in repo.fail_exhausted(max_attempts=MAX_ATTEMPTS):
+                    self._checkpoint(job_id).unlink(missing_ok=True)  # it never resumes
                 job = repo.claim(
                     worker_id=self.worker_id, lease_seconds=self.settings.job_lease_seconds
                 )
@@ -77,6 +78,9 @@ class Worker(PollingWorker):
             return None
 
     # -- one job ----------------------------------------------------------------------
+
+    def _checkpoint(self, job_id: str) -> Path:
+        return self.settings.data_dir.resolve() / "jobs" / job_id / "checkpoint.pt"
 
     def _spec(self, job_id: str) -> tuple[RunSpec, Path]:
         data_dir = self.settings.data_dir.resolve()
@@ -92,7 +96,7 @@ class Worker(PollingWorker):
                 roles=dict(features.roles),
                 config=dict(job.config),
                 manifest=dict(labels.manifest),
-                checkpoint_path=str(job_dir / "checkpoint.pt"),
+                checkpoint_path=str(self._checkpoint(job.id)),
                 artifact_path=str(job_dir / f"model-{uuid.uuid4().hex}.pt"),
                 init_artifact_path=_init_artifact(session, data_dir, job.config),
             )

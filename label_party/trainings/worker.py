@@ -170,11 +170,15 @@ class Worker(PollingWorker):
         try:
             with transaction(self.db.writer) as session:
                 queue = repository.queue(session)
-                queue.fail_exhausted(max_attempts=MAX_ATTEMPTS)
+                exhausted = queue.fail_exhausted(max_attempts=MAX_ATTEMPTS)
+                for training_id in exhausted:  # auditors see every end of a training
+                    self._audit(session, training_id, "training.failed", {"exhausted": True})
                 row = queue.claim(
                     worker_id=self.worker_id, lease_seconds=self.settings.worker_lease_seconds
                 )
-                return row.id if row is not None else None
+            for training_id in exhausted:  # committed: it never resumes
+                training_checkpoint_path(self.settings, training_id).unlink(missing_ok=True)
+            return row.id if row is not None else None
         except Exception:  # a busy SQLite, a Postgres failover: try again next poll
             log.exception("claiming a training failed")
             return None

@@ -123,7 +123,7 @@ def test_a_worker_whose_clock_runs_fast_takes_no_healthy_lease(
 
     with database.session() as session:
         queue = LeaseQueue(session, Job, clock=fast)
-        assert queue.fail_exhausted(max_attempts=1) == 0
+        assert queue.fail_exhausted(max_attempts=1) == []
         assert queue.claim(worker_id="b", lease_seconds=60) is None
         assert queue.heartbeat(job_id, "a", lease_seconds=60, progress=None)
     with database.session() as session:
@@ -213,3 +213,26 @@ def test_two_worker_processes_on_postgres(postgres_url: str, tmp_path: Path) -> 
     assert sorted(m.job_id for m in models) == sorted(ids)
     assert {j.worker_id for j in jobs} <= {"w0", "w1"}
     database.dispose()
+
+
+def test_clean_hand_backs_are_not_deaths(db: tuple[Database, Settings]) -> None:
+    """Deploys stop workers cleanly (SIGTERM hands the job back): that must not
+    use up the attempts meant for workers that die, or a paid-for job fails after
+    two redeploys and one real crash."""
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    [job_id] = add_jobs(database, fs, labels, 1, **TINY)
+    for worker in ("a", "b", "c", "d"):
+        with database.session() as session:
+            repo = JobRepository(session)
+            assert repo.claim(worker_id=worker, lease_seconds=60) is not None
+            assert repo.release(job_id, worker)
+    with database.session() as session:
+        repo = JobRepository(session)
+        assert repo.get(job_id).attempts == 0
+        assert repo.claim(worker_id="e", lease_seconds=-1) is not None  # then dies
+        assert repo.fail_exhausted(max_attempts=2) == []
+        assert repo.claim(worker_id="f", lease_seconds=-1) is not None  # dies again
+    with database.session() as session:
+        assert JobRepository(session).fail_exhausted(max_attempts=2) == [job_id]
+        assert JobRepository(session).get(job_id).status == Status.FAILED

@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -744,3 +745,37 @@ def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> No
     r = admin.post(f"/v1/datasets/{dataset_id}/trainings", data={"spec": json.dumps(spec)},
                    files={"file": ("features.xlsx", b"PK\x03\x04")})  # fmt: skip
     assert r.status_code == 422 and r.json()["error"] == "invalid_request"
+
+
+def test_a_training_whose_workers_kept_dying_fails_in_the_audit_log(
+    server: Server, granted: Any
+) -> None:
+    """After MAX_ATTEMPTS lost leases the training fails: auditors see
+    ``training.failed`` (as for every end of a paid training) and its checkpoint goes."""
+    from label_party.storage import training_checkpoint_path
+    from label_party.trainings.worker import MAX_ATTEMPTS
+
+    _admin, client, dataset_id, ids, labels = granted
+    settings = _settings(server)
+    training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5,
+                      idempotency_key="doomed", **CHEAP).json()  # fmt: skip
+    checkpoint = training_checkpoint_path(settings, training["id"])
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_bytes(b"left by a dead worker")
+    db = connect(settings.resolved_database_url)
+    try:
+        with transaction(db.writer) as session:  # its last worker died, lease run out
+            row = session.get(Training, training["id"])
+            assert row is not None
+            row.status, row.worker_id, row.attempts = "running", "dead", MAX_ATTEMPTS
+            row.lease_expires_at = datetime.now(UTC) - timedelta(minutes=1)
+        assert Worker(db, settings, worker_id="survivor").claim() != training["id"]
+    finally:
+        db.dispose()
+    failed = client.get(f"/v1/trainings/{training['id']}").json()
+    assert failed["status"] == "failed" and "stopped responding" in failed["error"]
+    entries = server.client().get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]
+    ends = [e for e in entries if e["payload"].get("training_id") == training["id"]]
+    assert [e["action"] for e in ends][-1] == "training.failed"
+    assert not checkpoint.exists()
+    assert server.client().get("/v1/audit/verify").json()["ok"] is True
