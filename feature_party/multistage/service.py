@@ -29,6 +29,8 @@ from feature_party.orm import MultistageRun, utcnow
 #: A running run whose driver has not written for this long lost its service
 #: (killed without a clean stop): it reads as interrupted and may be resumed.
 STALE_AFTER = timedelta(minutes=2)
+#: How long a stopping service waits for its drivers to reach a step's end.
+STOP_TIMEOUT_SECONDS = 30.0
 
 
 class Drivers:
@@ -56,7 +58,7 @@ class Drivers:
             current = self._threads.get(run_id)
             return current is not None and current[0].is_alive()
 
-    def stop_all(self, timeout: float = 30.0) -> None:
+    def stop_all(self, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
         """Stop every driver at its next step (runs become ``interrupted``).
 
         A driver still inside a step when ``timeout`` runs out (a release or an

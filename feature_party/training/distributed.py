@@ -64,15 +64,20 @@ def launch(run_dir: Path, spec: RunSpec, *, processes: int) -> subprocess.Popen[
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGKILL the launcher when the worker dies, so a killed worker does
-    not leave training running behind the job's next owner."""
+    """Linux: SIGKILL this process when its parent dies. The launcher calls it for
+    itself (its parent: the worker) and each rank for itself (its parent: the
+    launcher), so a killed worker leaves no rank training behind the job's next
+    owner: the launcher cannot forward a SIGKILL it receives."""
+    parent = os.getppid()
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
-        pass
+        return
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def resolve_device_kind(spec: RunSpec) -> str:
@@ -90,6 +95,7 @@ def read_progress(run_dir: Path) -> Progress | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _die_with_parent()
     args = list(sys.argv[1:] if argv is None else argv)
     run_dir = Path(args[0])
     spec = RunSpec.load(run_dir / SPEC)

@@ -441,6 +441,23 @@ def test_every_service_restarts(compose: dict[str, Any]) -> None:
         assert service.get("restart") in {"always", "unless-stopped", "on-failure"}, name
 
 
+def _seconds(duration: str) -> float:
+    value, unit = float(duration[:-1]), duration[-1]
+    return value * {"s": 1, "m": 60}[unit]
+
+
+def test_stopping_services_get_the_time_their_shutdown_takes(compose: dict[str, Any]) -> None:
+    """Docker kills after 10 s by default: before the features API's LP-MST drivers
+    could mark their runs interrupted, or a worker hand its training back."""
+    from feature_party.multistage.service import STOP_TIMEOUT_SECONDS
+
+    grace = {name: _seconds(s.get("stop_grace_period", "10s"))
+             for name, s in services(compose).items()}  # fmt: skip
+    assert grace["feature-api"] >= STOP_TIMEOUT_SECONDS + 10
+    assert grace["label-api"] >= 60  # a release in flight commits
+    assert grace["label-worker"] >= 30 and grace["feature-worker"] >= 30
+
+
 def test_healthy_dependencies_have_a_healthcheck(compose: dict[str, Any]) -> None:
     for name, service in services(compose).items():
         for dep, condition in (service.get("depends_on") or {}).items():

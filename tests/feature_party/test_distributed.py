@@ -3,6 +3,10 @@ processes for a job that asks for them."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,3 +49,58 @@ def test_two_gloo_processes_train_a_job(tmp_path: Path) -> None:
     predictor = load_artifact(path)
     assert isinstance(predictor.model, torch.nn.Module)
     database.dispose()
+
+
+def _ranks_of(run_dir: Path) -> list[int]:
+    """Pids of the training ranks running in ``run_dir`` (from /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = b"feature_party.training.distributed" in argv and str(run_dir).encode() in argv
+        if ours and b"torch.distributed.run" not in argv:  # not the launcher itself
+            pids.append(int(proc.name))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_a_killed_worker_leaves_no_rank_training(tmp_path: Path) -> None:
+    """SIGKILL of the worker: the launcher dies with it (its death signal), and so
+    must each rank, or they go on training beside the job's next owner."""
+    settings = make_settings(tmp_path)
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    fs, labels = seed_inputs(database, settings, n=2000)
+    [job_id] = add_jobs(database, fs, labels, 1, device="cpu", processes=2, epochs=400,
+                        batch_size=64, hidden=[16, 8])  # fmt: skip
+    database.dispose()
+    env = {**os.environ, "LABELDP_DATA_DIR": str(settings.data_dir)}
+    command = [sys.executable, "-m", "labeldp", "feature-party", "worker"]
+    worker = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    run_dir = settings.data_dir.resolve() / "jobs" / job_id / "run"
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "progress.json").exists():  # the ranks are training
+            assert time.monotonic() < deadline and worker.poll() is None, "no rank started"
+            time.sleep(0.5)
+        ranks = _ranks_of(run_dir)
+        assert len(ranks) == 2
+    finally:
+        worker.kill()
+        worker.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in ranks if _alive(pid)]
