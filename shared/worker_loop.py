@@ -95,7 +95,13 @@ class PollingWorker(ABC):
                     break
                 self.shutdown.wait(self.poll_seconds)
                 continue
-            self.run_item(item_id)
+            try:
+                self.run_item(item_id)
+            except Exception:
+                # Recording the end failed (a full disk, a lost database): the worker
+                # lives on; the item's lease runs out and it is claimed again.
+                log.exception("item %s: its worker could not record how it ended", item_id)
+                self.shutdown.wait(self.poll_seconds)
             ran += 1
         return ran
 

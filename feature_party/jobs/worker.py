@@ -23,7 +23,6 @@ import shutil
 import signal
 import threading
 import time
-import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,8 @@ from feature_party.orm import FeatureSet, Model, ReceivedLabels
 from feature_party.training import distributed
 from feature_party.training.loop import Interrupted, Progress, resolve_device
 from feature_party.training.runner import RunSpec, execute
+from shared.errors import storage_problem
+from shared.logging import exception_fields
 from shared.worker_loop import PollingWorker
 
 log = logging.getLogger("labeldp.feature_party.worker")
@@ -146,12 +147,19 @@ class Worker(PollingWorker):
         except Exception as exc:
             shared.stop.set()
             beat.join()
-            log.error("job %s failed: %s", job_id, traceback.format_exc())
+            Path(spec.artifact_path).unlink(missing_ok=True)
+            fields = {"job_id": job_id, **exception_fields(exc)}
+            problem = storage_problem(exc)
+            if problem is not None:
+                # The operator's to fix, not the job's: its lease runs out and it is
+                # claimed again (up to MAX_ATTEMPTS times), from its last checkpoint.
+                log.error("job left to retry: storage refused a write", extra={"fields": fields})
+                return
+            log.error("job failed", extra={"fields": fields})
             with self.db.session() as session:
                 JobRepository(session).fail(
                     job_id, self.worker_id, error=f"{type(exc).__name__}: {exc}"
                 )
-            Path(spec.artifact_path).unlink(missing_ok=True)
             return
         shared.stop.set()
         beat.join()

@@ -261,8 +261,16 @@ class Driver:
         )
         sha = _sha256(body)
         relative = Path("received") / f"{sha}.parquet"
-        (self.settings.data_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-        (self.settings.data_dir / relative).write_bytes(body)
+        final = self.settings.data_dir / relative
+        final.parent.mkdir(parents=True, exist_ok=True)
+        # A resumed run may write the same bytes again: never truncate, in place, the
+        # file a committed row already names (a crash mid-write would corrupt it).
+        tmp = final.with_name(f".{sha}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_bytes(body)
+            tmp.replace(final)
+        finally:
+            tmp.unlink(missing_ok=True)
         run, epsilon = self.run, self.config["epsilon"]
         releases = [s["release_id"] for s in state["stages"][:t]]
         first = self._received(state["stages"][0]["received_labels_id"])
