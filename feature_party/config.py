@@ -18,7 +18,7 @@ features party reads the same names as the labels party:
 ``LABELDP_CLIENT_TIMEOUT_SECONDS`` / ``LABELDP_CLIENT_RETRIES``
                                the labels-party client (per request, retries
                                on connection errors, 5xx and 429)
-``LABELDP_LOG_LEVEL``          DEBUG, INFO (default), WARNING, ERROR
+``LABELDP_LOG_LEVEL``          DEBUG, INFO (default), WARNING, ERROR, CRITICAL
 =============================  ===============================================
 """
 

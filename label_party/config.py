@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     #: Largest model a training may ask for (422 above, before any budget is
     #: spent): a physical batch's per-example gradients take 4 KiB a parameter.
     training_max_parameters: int = Field(default=1_000_000, gt=0)
+    #: Largest memory a projecting denoiser may take for one example's per-class
+    #: gradients (K × parameters floats, about 12 bytes each at their peak).
+    training_max_projection_bytes: int = Field(default=4 << 30, gt=0)
     #: Test-only: releases draw from a generator seeded with this and the release id.
     test_seed: int | None = None
     #: Test-only: SIGKILL the server at this point of a release.

@@ -37,6 +37,10 @@ class RunError(RuntimeError):
 # -- the services ------------------------------------------------------------------
 
 
+#: Where ``--labels-token``/``--features-token`` come from when not given.
+TOKEN_VARIABLES = {"labels": "LABELDP_LABELS_TOKEN", "features": "LABELDP_FEATURES_TOKEN"}
+
+
 @dataclass
 class Endpoints:
     labels_url: str
@@ -51,14 +55,23 @@ def endpoints_from(
     features_url: str | None,
     features_token: str | None,
 ) -> Endpoints | None:
-    """Running services given on the command line, ``None`` for none (start local ones)."""
+    """Running services given on the command line, ``None`` for none (start local ones).
+
+    A token missing from the command line comes from its variable
+    (:data:`TOKEN_VARIABLES`), read only for a party whose URL is given: exported
+    for runs against services, the variables must not stop a local run."""
+    if labels_url:
+        labels_token = labels_token or os.environ.get(TOKEN_VARIABLES["labels"])
+    if features_url:
+        features_token = features_token or os.environ.get(TOKEN_VARIABLES["features"])
     given = [labels_url, labels_token, features_url, features_token]
     if all(given):
         return Endpoints(str(labels_url), str(labels_token), str(features_url),
                          str(features_token))  # fmt: skip
     if any(given):
-        raise RunError("give all of --labels-party, --labels-token, --features-party "
-                       "and --features-token, or none")  # fmt: skip
+        raise RunError("give both --labels-party and --features-party with their tokens "
+                       "(--labels-token/--features-token, or $LABELDP_LABELS_TOKEN/"
+                       "$LABELDP_FEATURES_TOKEN), or neither")  # fmt: skip
     return None
 
 
@@ -273,12 +286,10 @@ def non_private_baseline(
 def add_service_options(p: argparse.ArgumentParser) -> None:
     """``--labels-party``/``--features-party`` and their admin tokens. A token is
     best given by its variable: a command line shows in ``ps`` and shell history."""
-    for party, variable in (("labels", "LABELDP_LABELS_TOKEN"),
-                            ("features", "LABELDP_FEATURES_TOKEN")):  # fmt: skip
+    for party, variable in TOKEN_VARIABLES.items():
         p.add_argument(f"--{party}-party", metavar="URL", help=f"use a running {party} party")
         p.add_argument(
             f"--{party}-token",
             metavar="TOKEN",
-            default=os.environ.get(variable),
             help=f"its admin token (default: ${variable}, which keeps it out of ps)",
         )

@@ -19,10 +19,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator
 
-#: The ``LABELDP_LOG_LEVEL`` setting (any case).
+#: The standard library's other names for two levels.
+_LEVEL_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+
+
+def _level_name(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    upper = value.strip().upper()
+    return _LEVEL_ALIASES.get(upper, upper)
+
+
+#: The ``LABELDP_LOG_LEVEL`` setting (any case; ``warn`` and ``fatal`` too).
 LogLevel = Annotated[
-    Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-    BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
+    Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(_level_name)
 ]
 
 request_id_var: ContextVar[str | None] = ContextVar("labeldp_request_id", default=None)

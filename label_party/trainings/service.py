@@ -246,9 +246,9 @@ def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, 
     return data, delta
 
 
-#: One example's per-class gradients may take this many times the parameter limit
-#: (64 M floats, 256 MiB, at the default limit).
-PROJECTION_BLOCK_FACTOR = 64
+#: Bytes a projection takes per class and parameter of one example at its peak
+#: (the float32 Jacobian and autodiff's intermediates; 860 MiB measured for 67 M).
+PROJECTION_BYTES_PER_FLOAT = 12
 
 
 def _check_model_size(settings: Settings, resolved: dict[str, Any], num_features: int) -> None:
@@ -265,16 +265,16 @@ def _check_model_size(settings: Settings, resolved: dict[str, Any], num_features
             f"trains models of at most {limit:,} (LABELDP_TRAINING_MAX_PARAMETERS)",
             {"parameters": count, "limit": limit},
         )
-    # A projecting denoiser holds one example's per-class gradients at a time
-    # (K × parameters floats, about 3× that at the peak of their computation).
-    block_limit = PROJECTION_BLOCK_FACTOR * limit
-    if resolved["denoiser"] != "noop" and num_classes * count > block_limit:
+    # A projecting denoiser computes one example's per-class gradients at a time.
+    needed = PROJECTION_BYTES_PER_FLOAT * num_classes * count
+    allowed = settings.training_max_projection_bytes
+    if resolved["denoiser"] != "noop" and needed > allowed:
         raise InvalidRequestError(
-            f"the {resolved['denoiser']} projection needs {num_classes:,} classes × "
-            f"{count:,} parameters = {num_classes * count:,} floats per example; this "
-            f"labels party allows {block_limit:,} ({PROJECTION_BLOCK_FACTOR} × "
-            "LABELDP_TRAINING_MAX_PARAMETERS): use a smaller model or the noop denoiser",
-            {"per_example_floats": num_classes * count, "limit": block_limit},
+            f"the {resolved['denoiser']} projection needs about {needed / 2**30:.1f} GiB "
+            f"for one example's gradients ({num_classes:,} classes × {count:,} parameters); "
+            f"this labels party allows {allowed / 2**30:.1f} GiB "
+            "(LABELDP_TRAINING_MAX_PROJECTION_BYTES): use a smaller model or the noop denoiser",
+            {"projection_bytes": needed, "limit": allowed},
         )
 
 

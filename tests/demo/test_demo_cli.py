@@ -42,7 +42,7 @@ def test_half_given_endpoints_are_refused(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 1
-    assert "give all of" in proc.stderr
+    assert "give both" in proc.stderr
 
 
 @pytest.mark.parametrize("epsilon", ["nan", "inf", "0"])

@@ -44,7 +44,7 @@ def _with(flag: str, value: str) -> list[str]:
         (["--dataset", "rand-hie-spend", "--method", "laplace"], "--epsilon is required"),
         (["--method", "laplace", "--epsilon", "1"], "give --dataset NAME"),
         (_with("--labels", "x.csv"), "not both"),
-        (_with("--labels-party", "http://127.0.0.1:1"), "give all of"),
+        (_with("--labels-party", "http://127.0.0.1:1"), "give both"),
     ],
 )
 def test_bad_input_is_one_line(

@@ -725,9 +725,10 @@ def test_the_spec_may_come_as_a_file_part(server: Server, granted: Any) -> None:
 
 
 def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> None:
-    """A projecting denoiser holds one example's K × d per-class gradients: with
-    1,000 classes a 65k-parameter MLP needs 65 M floats, past 64 × the parameter
-    limit, refused before anything is spent; the noop denoiser projects nothing."""
+    """A projecting denoiser computes one example's K × d per-class gradients: with
+    1,000 classes a 516k-parameter MLP (within the parameter limit) needs about
+    6 GiB, past LABELDP_TRAINING_MAX_PROJECTION_BYTES (4 GiB), refused before
+    anything is spent; the noop denoiser projects nothing."""
     admin = server.client()
     r = admin.post("/v1/datasets", json={"name": "wide", "task": "classification",
                                          "label_domain": {"num_classes": 1000},
@@ -736,10 +737,13 @@ def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> No
     ids = [f"e{i}" for i in range(50)]
     labels = np.arange(50) % 1000
     assert upload_labels(admin, dataset_id, ids, labels.tolist()).status_code == 200
-    spec = {"epsilon": 1, "architecture": "mlp", "hidden": [64], "alt_batch_size": 8}
+    spec = {"epsilon": 1, "architecture": "mlp", "hidden": [512], "alt_batch_size": 8}
     r = submit(admin, dataset_id, tabular(ids, labels), **spec)
     assert r.status_code == 422, r.text
-    assert r.json()["detail"]["per_example_floats"] == 1000 * 65_320, r.text
+    assert r.json()["detail"]["projection_bytes"] == 12 * 1000 * 515_560, r.text
+    spec["hidden"] = [128, 64]  # the default MLP: 0.9 GiB, well within
+    assert submit(admin, dataset_id, tabular(ids, labels), **spec).status_code == 201
+    spec["hidden"] = [512]
     r = submit(admin, dataset_id, tabular(ids, labels), **spec, denoiser="noop")
     assert r.status_code == 201, r.text
     r = admin.post(f"/v1/datasets/{dataset_id}/trainings", data={"spec": json.dumps(spec)},

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 from labeldp.cli import _shown, attach_token_values, build_parser
+from labeldp.harness import RunError, endpoints_from
 
 
 def test_the_demo_takes_dash_tokens() -> None:
@@ -27,7 +28,14 @@ def test_the_harness_tokens_come_from_variables(
     if command == "experiment":
         argv += ["--dataset", "rand-hie-spend", "--method", "laplace", "--epsilon", "1"]
     args = build_parser().parse_args(argv)
-    assert (args.labels_token, args.features_token) == ("lp-secret", "fp-secret")
+    endpoints = endpoints_from(args.labels_party, args.labels_token, args.features_party,
+                               args.features_token)  # fmt: skip
+    assert endpoints is not None
+    assert (endpoints.labels_admin_token, endpoints.features_token) == ("lp-secret", "fp-secret")
+    # Exported for runs against services, they must not stop a local run.
+    assert endpoints_from(None, None, None, None) is None
+    with pytest.raises(RunError, match="LABELDP_LABELS_TOKEN"):
+        endpoints_from("http://a", None, None, None)
 
 
 def test_other_words_pass_unchanged() -> None:

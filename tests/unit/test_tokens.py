@@ -54,3 +54,15 @@ def test_a_token_read_with_its_line_break_is_the_token_without_it(
     monkeypatch.delenv("LABELDP_MODE", raising=False)
     token = settings().admin_token
     assert token is not None and token.get_secret_value() == "Zq3v0Jq1kS9_u7yWQe2m4xR8"
+
+
+LEVELS = [("warn", "WARNING"), ("Info", "INFO"), ("fatal", "CRITICAL"), (" debug ", "DEBUG")]
+
+
+@pytest.mark.parametrize(("given", "level"), LEVELS)
+def test_log_levels_take_the_standard_librarys_names(
+    given: str, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LABELDP_LOG_LEVEL", given)
+    monkeypatch.setenv("LABELDP_MODE", "dev")
+    assert LabelSettings().log_level == FeatureSettings().log_level == level
