@@ -201,7 +201,8 @@ class LeaseQueue(Generic[RowT]):
             .where(t.id.in_(ids), exhausted)
             .values(
                 status=Status.FAILED,
-                error=f"the worker stopped responding {max_attempts} times",
+                error=f"the worker stopped responding or could not record a result "
+                f"{max_attempts} times (the workers' logs say why)",
                 finished_at=now,
                 lease_expires_at=None,
             )

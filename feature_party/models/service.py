@@ -4,7 +4,9 @@ preprocessing (``training.artifact``)."""
 from __future__ import annotations
 
 import json
+import pickle
 import uuid
+import zipfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -81,13 +83,27 @@ def import_training(
     return _register(session, settings, relative, training), True
 
 
+#: What loading bytes that are not a model raises (torch's zip reader, pickle, our
+#: artifact's keys); anything else (memory, file handles) is this service's failure.
+MODEL_FORMAT_ERRORS = (
+    pickle.UnpicklingError,
+    EOFError,
+    zipfile.BadZipFile,
+    RuntimeError,
+    ValueError,
+    KeyError,
+    TypeError,
+    AttributeError,
+)
+
+
 def _register(
     session: Session, settings: Settings, relative: Path, training: dict[str, Any]
 ) -> ModelRead:
     path = settings.data_dir / relative
     try:
         predictor = _predictor(str(path.resolve()))
-    except Exception as exc:  # hash-checked bytes of the labels party: any failure is theirs
+    except MODEL_FORMAT_ERRORS as exc:  # the hash-checked bytes are no model: theirs
         path.unlink(missing_ok=True)  # not kept where a later import would find it
         raise UpstreamError(
             f"the labels party's model does not load ({type(exc).__name__}: {exc})",
