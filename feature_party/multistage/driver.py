@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import SecretStr
+from sqlalchemy.orm import Session
 
 from feature_party.client import LabelsPartyClient, LabelsPartyError, LabelsPartyHTTPError
 from feature_party.config import Settings
@@ -67,6 +68,10 @@ class _Stopped(Exception):  # noqa: N818 - control flow: the service is stopping
     pass
 
 
+class _Superseded(Exception):  # noqa: N818 - control flow: another driver took the run
+    pass
+
+
 @dataclass
 class Driver:
     database: Database
@@ -74,6 +79,9 @@ class Driver:
     run_id: str
     token: str
     stop: threading.Event
+    #: This launch's mark in the run's ``state["driver"]``: a driver whose run was
+    #: resumed by another (after a stop marked it interrupted) writes nothing more.
+    launch: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Set when the run starts: its row (detached), public configuration, the
     # labels-party client and the dataset's number of classes.
     run: MultistageRun = field(init=False)
@@ -86,6 +94,8 @@ class Driver:
     def __call__(self) -> None:
         try:
             self._run()
+        except _Superseded:
+            log.warning("multistage run %s: resumed by another driver; this one stops", self.run_id)
         except _Stopped:
             self._finish(RunStatus.INTERRUPTED, "the service stopped; resume with the token")
         except Exception as exc:
@@ -105,6 +115,7 @@ class Driver:
     def _run(self) -> None:
         self.run = self._load()
         self.config, state = dict(self.run.config), dict(self.run.state)
+        self._save(state, take_over=True)
         self.client = received.make_client(self.settings, self.run.labels_party_url, self.token)
         with self.client:
             self.num_classes = _num_classes(self.client, self.run.dataset_id)
@@ -354,31 +365,41 @@ class Driver:
         status: RunStatus | None = None,
         finished: bool = False,
         model_id: str | None = None,
+        take_over: bool = False,
     ) -> None:
         with self.database.session() as session:
-            run = session.get(MultistageRun, self.run_id)
-            assert run is not None
-            run.state = {**state, "model_id": model_id} if model_id else dict(state)
+            run = self._own(session, take_over=take_over)
+            run.state = {**state, "driver": self.launch}
+            if model_id:
+                run.state["model_id"] = model_id
             run.updated_at = utcnow()
             if status is not None:
                 run.status = status
             if finished:
                 run.finished_at = run.updated_at
 
+    def _own(self, session: Session, *, take_over: bool = False) -> MultistageRun:
+        """The run's row, locked; :class:`_Superseded` if another driver owns it."""
+        run = session.get(MultistageRun, self.run_id, with_for_update=True)
+        assert run is not None
+        if not take_over and run.state.get("driver") not in (None, self.launch):
+            raise _Superseded
+        return run
+
     def _heartbeat(self) -> None:
         with self.database.session() as session:
-            run = session.get(MultistageRun, self.run_id)
-            assert run is not None
-            run.updated_at = utcnow()
+            self._own(session).updated_at = utcnow()
 
     def _finish(self, status: RunStatus, error: str) -> None:
         log.warning("multistage run %s %s: %s", self.run_id, status, error)
-        with self.database.session() as session:
-            run = session.get(MultistageRun, self.run_id)
-            assert run is not None
-            run.status, run.error, run.updated_at = status, error, utcnow()
-            if status == RunStatus.FAILED:
-                run.finished_at = run.updated_at
+        try:
+            with self.database.session() as session:
+                run = self._own(session)
+                run.status, run.error, run.updated_at = status, error, utcnow()
+                if status == RunStatus.FAILED:
+                    run.finished_at = run.updated_at
+        except _Superseded:
+            log.warning("multistage run %s: resumed by another driver meanwhile", self.run_id)
 
     def _check_stop(self) -> None:
         if self.stop.is_set():

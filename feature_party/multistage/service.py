@@ -39,7 +39,8 @@ class Drivers:
     def __init__(self, database: Database, settings: Settings) -> None:
         self.database = database
         self.settings = settings
-        self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        #: run id → (its driver's thread, its stop event, its launch mark)
+        self._threads: dict[str, tuple[threading.Thread, threading.Event, str]] = {}
         self._lock = threading.Lock()
 
     def launch(self, run_id: str, token: str) -> None:
@@ -50,7 +51,7 @@ class Drivers:
             stop = threading.Event()
             driver = Driver(self.database, self.settings, run_id, token, stop)
             thread = threading.Thread(target=driver, name=f"lpmst-{run_id[:8]}", daemon=True)
-            self._threads[run_id] = (thread, stop)
+            self._threads[run_id] = (thread, stop, driver.launch)
             thread.start()
 
     def is_active(self, run_id: str) -> bool:
@@ -68,14 +69,14 @@ class Drivers:
         by their idempotency key, so nothing is paid twice)."""
         with self._lock:
             threads = dict(self._threads)
-        for _, stop in threads.values():
+        for _, stop, _ in threads.values():
             stop.set()
         deadline = time.monotonic() + timeout
-        for thread, _ in threads.values():
+        for thread, _, _ in threads.values():
             thread.join(max(0.0, deadline - time.monotonic()))
-        for run_id, (thread, _) in threads.items():
+        for run_id, (thread, _, launch) in threads.items():
             if thread.is_alive():
-                mark_interrupted(self.database, run_id, STOPPED_MID_STEP)
+                mark_interrupted(self.database, run_id, STOPPED_MID_STEP, launch=launch)
 
 
 STOPPED_MID_STEP = (
@@ -84,11 +85,14 @@ STOPPED_MID_STEP = (
 )
 
 
-def mark_interrupted(database: Database, run_id: str, error: str) -> None:
-    """Mark a ``running`` run interrupted (a run that ended meanwhile keeps its end)."""
+def mark_interrupted(database: Database, run_id: str, error: str, *, launch: str) -> None:
+    """Mark a ``running`` run interrupted if the driver ``launch`` still owns it (a
+    run that ended, or that another service resumed meanwhile, is left as it is)."""
     with database.session() as session:
-        run = session.get(MultistageRun, run_id)
-        if run is not None and run.status == RunStatus.RUNNING:
+        run = session.get(MultistageRun, run_id, with_for_update=True)
+        if run is None or run.status != RunStatus.RUNNING:
+            return
+        if run.state.get("driver") in (None, launch):
             run.status, run.error, run.updated_at = RunStatus.INTERRUPTED, error, utcnow()
 
 

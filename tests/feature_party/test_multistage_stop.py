@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 from feature_party.config import Settings
 from feature_party.db import Database, migrate
 from feature_party.multistage import service
 from feature_party.multistage.schemas import MultistageCreate, RunStatus
+from feature_party.orm import MultistageRun
 from tests.feature_party.conftest import seed_inputs
 from tests.feature_party.fake_labels_party import tcp_server
 
@@ -52,3 +54,46 @@ def test_a_driver_stuck_in_a_step_is_marked_interrupted_and_resumes(settings: Se
     with database.session() as session:
         assert service.prepare_resume(session, run_id, active=False).status == RunStatus.RUNNING
     database.dispose()
+
+
+def test_a_driver_whose_run_was_resumed_elsewhere_writes_nothing_more(settings: Settings) -> None:
+    """Stopped mid-step, marked interrupted and resumed by another service (another
+    replica on the same database) while this driver's request still hangs: when it
+    ends, this driver must neither mark the new owner's run interrupted nor save its
+    own state over the new owner's."""
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    feature_set_id, _ = seed_inputs(database, settings)
+    drivers = service.Drivers(database, settings)
+    with tcp_server(_hang) as url:
+        body = MultistageCreate.model_validate(
+            {"feature_set_id": feature_set_id, "labels_party_url": url, "token": "t",
+             "dataset_id": "d", "epsilon": 1.0}
+        )  # fmt: skip
+        with database.session() as session:
+            run_id = service.create(session, body).id
+        drivers.launch(run_id, "t")
+        deadline = time.monotonic() + 10
+        while _driver_mark(database, run_id) is None:  # the driver took the run
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with database.session() as session:  # another service resumes it
+            run = session.get(MultistageRun, run_id)
+            assert run is not None
+            run.state = {**run.state, "driver": "another-service"}
+        drivers.stop_all(timeout=0.5)
+        status, _ = _run_status(database, run_id, drivers)
+        assert status == RunStatus.RUNNING  # the new owner's, not marked by this one
+    drivers.stop_all(timeout=30)  # the hanging request fails; the driver ends
+    assert not drivers.is_active(run_id)
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        assert run is not None
+        assert (run.status, run.state["driver"]) == (RunStatus.RUNNING, "another-service")
+    database.dispose()
+
+
+def _driver_mark(database: Database, run_id: str) -> str | None:
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        return None if run is None else run.state.get("driver")
