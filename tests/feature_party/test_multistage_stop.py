@@ -22,6 +22,19 @@ def _hang(conn: socket.socket, stop: threading.Event) -> None:
     conn.close()
 
 
+def _launched(database: Database, settings: Settings, drivers: service.Drivers, url: str) -> str:
+    """A run against the labels party at ``url``, its driver started; its id."""
+    feature_set_id, _ = seed_inputs(database, settings)
+    body = MultistageCreate.model_validate(
+        {"feature_set_id": feature_set_id, "labels_party_url": url, "token": "t",
+         "dataset_id": "d", "epsilon": 1.0}
+    )  # fmt: skip
+    with database.session() as session:
+        run_id = service.create(session, body).id
+    drivers.launch(run_id, "t")
+    return run_id
+
+
 def _run_status(database: Database, run_id: str, drivers: service.Drivers) -> tuple[str, str]:
     with database.session() as session:
         read = service.get(session, run_id, active=drivers.is_active(run_id))
@@ -31,16 +44,9 @@ def _run_status(database: Database, run_id: str, drivers: service.Drivers) -> tu
 def test_a_driver_stuck_in_a_step_is_marked_interrupted_and_resumes(settings: Settings) -> None:
     database = Database(settings.resolved_database_url)
     migrate(database.engine)
-    feature_set_id, _ = seed_inputs(database, settings)
     drivers = service.Drivers(database, settings)
     with tcp_server(_hang) as url:
-        body = MultistageCreate.model_validate(
-            {"feature_set_id": feature_set_id, "labels_party_url": url, "token": "t",
-             "dataset_id": "d", "epsilon": 1.0}
-        )  # fmt: skip
-        with database.session() as session:
-            run_id = service.create(session, body).id
-        drivers.launch(run_id, "t")
+        run_id = _launched(database, settings, drivers, url)
         drivers.stop_all(timeout=0.5)
         assert drivers.is_active(run_id), "the driver should still wait on its request"
         status, error = _run_status(database, run_id, drivers)
@@ -63,16 +69,9 @@ def test_a_driver_whose_run_was_resumed_elsewhere_writes_nothing_more(settings: 
     own state over the new owner's."""
     database = Database(settings.resolved_database_url)
     migrate(database.engine)
-    feature_set_id, _ = seed_inputs(database, settings)
     drivers = service.Drivers(database, settings)
     with tcp_server(_hang) as url:
-        body = MultistageCreate.model_validate(
-            {"feature_set_id": feature_set_id, "labels_party_url": url, "token": "t",
-             "dataset_id": "d", "epsilon": 1.0}
-        )  # fmt: skip
-        with database.session() as session:
-            run_id = service.create(session, body).id
-        drivers.launch(run_id, "t")
+        run_id = _launched(database, settings, drivers, url)
         deadline = time.monotonic() + 10
         while _driver_mark(database, run_id) is None:  # the driver took the run
             assert time.monotonic() < deadline
