@@ -68,12 +68,13 @@ class Worker(PollingWorker):
         try:
             with self.db.session() as session:
                 repo = JobRepository(session)
-                for job_id in repo.fail_exhausted(max_attempts=MAX_ATTEMPTS):
-                    self._checkpoint(job_id).unlink(missing_ok=True)  # it never resumes
+                exhausted = repo.fail_exhausted(max_attempts=MAX_ATTEMPTS)
                 job = repo.claim(
                     worker_id=self.worker_id, lease_seconds=self.settings.job_lease_seconds
                 )
-                return job.id if job else None
+            for job_id in exhausted:  # committed: it never resumes
+                self._checkpoint(job_id).unlink(missing_ok=True)
+            return job.id if job else None
         except Exception:  # a busy SQLite, a Postgres failover: try again next poll
             log.exception("claiming a job failed")
             return None
