@@ -196,11 +196,10 @@ def _ready_settings() -> Settings:
     """The settings, their data directory writable and their database migrated: a
     problem with any is one line (``shared.startup``), before anything starts."""
     from feature_party.db import make_engine, migrate
-    from shared.startup import load_settings, open_database, prepare_data_dir
+    from shared.startup import load_settings, prepare
 
     settings = load_settings(Settings)
-    prepare_data_dir(settings.data_dir)
-    open_database(settings.resolved_database_url, make_engine, migrate)
+    prepare(settings.data_dir, settings.resolved_database_url, make_engine, migrate)
     return settings
 
 

@@ -175,10 +175,10 @@ def _ready_settings() -> Settings:
 
 def _prepared(settings: Settings) -> Settings:
     from label_party.db import connect, migrate
-    from shared.startup import open_database, prepare_data_dir
+    from shared.startup import prepare
 
-    prepare_data_dir(settings.data_dir)
-    open_database(settings.resolved_database_url, lambda url: connect(url).writer_engine, migrate)
+    url = settings.resolved_database_url
+    prepare(settings.data_dir, url, lambda url: connect(url).writer_engine, migrate)
     return settings
 
 

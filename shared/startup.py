@@ -80,3 +80,10 @@ def open_database(url: str, connect: Callable[[str], Engine], migrate: Callable[
         raise StartupError(f"cannot open the database {_shown(url)}: {reason}") from None
     finally:
         engine.dispose()
+
+
+def prepare(data_dir: Path, url: str, connect: Callable[[str], Engine],
+            migrate: Callable[[Engine], None]) -> None:  # fmt: skip
+    """The data directory writable and the database migrated, or a :class:`StartupError`."""
+    prepare_data_dir(data_dir)
+    open_database(url, connect, migrate)

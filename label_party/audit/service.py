@@ -27,7 +27,7 @@ from label_party.datasets import repository as datasets_repository
 from label_party.db import lock_audit_chain, read_snapshot
 from label_party.ledger import repository as ledger_repository
 from label_party.ledger.accounting import Cost, compose
-from label_party.models import AuditEntry
+from label_party.models import AuditEntry, LedgerEntry
 
 GENESIS = "0" * 64
 
@@ -35,6 +35,17 @@ GENESIS = "0" * 64
 #: failed after reading the labels (charged all the same), and a LabelDP-Pro
 #: training (an approximate-DP release: its ε and δ add to the whole-dataset scope).
 SPENDING_ACTIONS = frozenset({"release.created", "release.failed", "training.reserved"})
+
+
+def spend_payload(entry: LedgerEntry) -> dict[str, Any]:
+    """What a :data:`SPENDING_ACTIONS` entry records of its ledger entry: the fields
+    :func:`verify` re-derives every dataset's spend from."""
+    return {
+        "ledger_entry_id": entry.id,
+        "epsilon_units": entry.epsilon,
+        "delta_units": entry.delta,
+        "parts": entry.parts,
+    }
 
 
 def canonical(value: Any) -> str:

@@ -267,11 +267,8 @@ def create(
         dataset_id=dataset.id,
         payload={
             "release_id": release.id,
-            "ledger_entry_id": entry.id,
-            "epsilon_units": entry.epsilon,
-            "delta_units": entry.delta,
+            **audit.spend_payload(entry),
             "prior_epsilon_units": prior_units,
-            "parts": entry.parts,
             "mechanism": plan.mechanism,
             "num_labels": result.num_labels,
             "sha256": sha,
@@ -307,13 +304,7 @@ def _charged_failure(
         actor=principal.id,
         action="release.failed",
         dataset_id=dataset.id,
-        payload={
-            "ledger_entry_id": entry.id,
-            "epsilon_units": entry.epsilon,
-            "delta_units": entry.delta,
-            "parts": entry.parts,
-            "mechanism": plan.mechanism,
-        },
+        payload={**audit.spend_payload(entry), "mechanism": plan.mechanism},
     )
     # The type only: the text may describe the labels (DESIGN.md §3.1).
     logger.warning(

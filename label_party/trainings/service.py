@@ -445,10 +445,7 @@ def _insert(
         dataset_id=dataset.id,
         payload={
             "training_id": training.id,
-            "ledger_entry_id": entry.id,
-            "epsilon_units": entry.epsilon,
-            "delta_units": entry.delta,
-            "parts": None,
+            **audit.spend_payload(entry),
             "denoiser": resolved["denoiser"],
             "num_examples": n,
             "features_sha256": features_sha256,
