@@ -15,13 +15,13 @@ Keys: ``format``, ``model`` (a ``shared.torch_models`` config dict),
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
+
+from shared.torch_files import save_torch_file
 
 __all__ = ["ARTIFACT_FORMAT", "model_artifact", "preprocessing_dict", "save_artifact_file"]
 
@@ -72,13 +72,6 @@ def model_artifact(
 
 
 def save_artifact_file(path: Path, artifact: dict[str, Any]) -> None:
-    """Write ``artifact`` atomically (a crash never leaves half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(artifact, tmp)
-        with tmp.open("rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write ``artifact`` atomically and durably (a crash never leaves half a file;
+    a full disk raises its ``OSError``)."""
+    save_torch_file(path, artifact, fsync=True)

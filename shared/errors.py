@@ -61,7 +61,10 @@ def validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
 
 #: OS errors that say the service's storage refuses writes: the operator's to fix,
 #: not a bug, so they are 507 ``storage_unavailable`` rather than a bare 500.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+#: (EFBIG: a file-size limit, ``ulimit -f`` or the filesystem's.)
+STORAGE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+)
 
 
 def storage_problem(exc: BaseException) -> str | None:
@@ -75,7 +78,7 @@ def storage_message(problem: str) -> str:
     """What a 507 ``storage_unavailable`` says (``problem``: the errno's name)."""
     return (
         f"the service could not write to its storage ({problem}): its operator must free "
-        "space or fix permissions; retry afterwards"
+        "space, raise a limit or fix permissions; retry afterwards"
     )
 
 

@@ -90,14 +90,18 @@ class LeaseQueue(Generic[RowT]):
         t = self._t
         return and_(t.id == row_id, t.worker_id == worker_id, t.status == Status.RUNNING)
 
-    def claim(self, *, worker_id: str, lease_seconds: float) -> RowT | None:
-        """Take the oldest queued row, or a running one whose lease expired."""
+    def claim(
+        self, *, worker_id: str, lease_seconds: float, max_attempts: int | None = None
+    ) -> RowT | None:
+        """Take the oldest queued row, or a running one whose lease expired, unless
+        ``max_attempts`` claims of it have ended so (that one is
+        :meth:`fail_exhausted`'s, even when its lease ran out after that call)."""
         t = self._t
         now = self.now()
-        claimable = or_(
-            t.status == Status.QUEUED,
-            and_(t.status == Status.RUNNING, t.lease_expires_at < now),
-        )
+        lapsed = and_(t.status == Status.RUNNING, t.lease_expires_at < now)
+        if max_attempts is not None:
+            lapsed = and_(lapsed, t.attempts < max_attempts)
+        claimable = or_(t.status == Status.QUEUED, lapsed)
         candidate = self.session.execute(
             select(t.id)
             .where(claimable)

@@ -20,7 +20,16 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PollingWorker", "WorkerBusyError", "default_worker_id", "run_queue_worker"]
+from shared.errors import storage_problem
+from shared.logging import exception_fields
+
+__all__ = [
+    "PollingWorker",
+    "WorkerBusyError",
+    "default_worker_id",
+    "left_to_retry",
+    "run_queue_worker",
+]
 
 log = logging.getLogger("labeldp.worker")
 
@@ -61,6 +70,21 @@ def _single_sqlite_worker(data_dir: Path) -> Iterator[None]:
                 "use Postgres (LABELDP_DATABASE_URL) for several workers"
             ) from None
         yield
+
+
+def left_to_retry(exc: BaseException, fields: dict[str, Any]) -> bool:
+    """Whether ``exc`` is storage refusing a write (logged so, with ``fields``).
+    That is the operator's to fix, not the item's: the caller leaves the item as it
+    is, so its lease runs out and a worker claims it again (up to the queue's
+    attempts) and goes on from its last checkpoint, rather than failing work that
+    may have been paid for."""
+    if storage_problem(exc) is None:
+        return False
+    log.error(
+        "item left to retry: storage refused a write",
+        extra={"fields": {**fields, **exception_fields(exc)}},
+    )
+    return True
 
 
 def default_worker_id() -> str:

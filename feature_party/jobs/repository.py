@@ -36,9 +36,14 @@ class JobRepository:
         """Jobs whose workers died ``max_attempts`` times fail instead of looping."""
         return self._queue().fail_exhausted(max_attempts=max_attempts)
 
-    def claim(self, *, worker_id: str, lease_seconds: float) -> Job | None:
-        """Take the oldest queued job, or a running one whose lease expired."""
-        return self._queue().claim(worker_id=worker_id, lease_seconds=lease_seconds)
+    def claim(
+        self, *, worker_id: str, lease_seconds: float, max_attempts: int | None = None
+    ) -> Job | None:
+        """Take the oldest queued job, or a running one whose lease expired (fewer
+        than ``max_attempts`` times)."""
+        return self._queue().claim(
+            worker_id=worker_id, lease_seconds=lease_seconds, max_attempts=max_attempts
+        )
 
     def heartbeat(
         self, job_id: str, worker_id: str, *, lease_seconds: float, progress: dict[str, Any] | None

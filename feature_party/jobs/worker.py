@@ -35,9 +35,8 @@ from feature_party.orm import FeatureSet, Model, ReceivedLabels
 from feature_party.training import distributed
 from feature_party.training.loop import Interrupted, Progress, resolve_device
 from feature_party.training.runner import RunSpec, execute
-from shared.errors import storage_problem
 from shared.logging import exception_fields
-from shared.worker_loop import PollingWorker
+from shared.worker_loop import PollingWorker, left_to_retry
 
 log = logging.getLogger("labeldp.feature_party.worker")
 
@@ -70,7 +69,9 @@ class Worker(PollingWorker):
                 repo = JobRepository(session)
                 exhausted = repo.fail_exhausted(max_attempts=MAX_ATTEMPTS)
                 job = repo.claim(
-                    worker_id=self.worker_id, lease_seconds=self.settings.job_lease_seconds
+                    worker_id=self.worker_id,
+                    lease_seconds=self.settings.job_lease_seconds,
+                    max_attempts=MAX_ATTEMPTS,
                 )
             for job_id in exhausted:  # committed: it never resumes
                 self._checkpoint(job_id).unlink(missing_ok=True)
@@ -149,14 +150,9 @@ class Worker(PollingWorker):
             shared.stop.set()
             beat.join()
             Path(spec.artifact_path).unlink(missing_ok=True)
-            fields = {"job_id": job_id, **exception_fields(exc)}
-            problem = storage_problem(exc)
-            if problem is not None:
-                # The operator's to fix, not the job's: its lease runs out and it is
-                # claimed again (up to MAX_ATTEMPTS times), from its last checkpoint.
-                log.error("job left to retry: storage refused a write", extra={"fields": fields})
+            if left_to_retry(exc, {"job_id": job_id}):
                 return
-            log.error("job failed", extra={"fields": fields})
+            log.error("job failed", extra={"fields": {"job_id": job_id, **exception_fields(exc)}})
             with self.db.session() as session:
                 JobRepository(session).fail(
                     job_id, self.worker_id, error=f"{type(exc).__name__}: {exc}"
@@ -195,6 +191,8 @@ class Worker(PollingWorker):
         if result is None:
             raise RuntimeError(f"distributed training exited with status {proc.returncode}")
         if not result.get("ok"):
+            if isinstance(result.get("errno"), int):  # the job's storage errno, not an exit code
+                raise OSError(result["errno"], str(result.get("error")))
             raise RuntimeError(str(result.get("error")))
         metrics: dict[str, Any] = result["metrics"]
         return metrics

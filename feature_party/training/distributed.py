@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -126,7 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     except Exception as exc:
         if rank == 0:
-            _write_json(run_dir / RESULT, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            failure: dict[str, Any] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            if isinstance(exc, OSError) and exc.errno is not None:
+                failure["errno"] = exc.errno  # storage refusing a write is retried
+            _write_json(run_dir / RESULT, failure)
         raise
     finally:
         if dist.is_initialized():

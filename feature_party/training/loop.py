@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from feature_party.training.config import TrainingConfig
 from feature_party.training.data import Tensors
 from feature_party.training.dataset import TrainingData
 from feature_party.training.optim import build_optimizers
+from shared.torch_files import save_torch_file
 from shared.torch_models import ImageCNN, ImageCNNConfig, TabularMLP, TabularMLPConfig
 
 __all__ = [
@@ -165,13 +165,6 @@ def _evaluate(
     if data.loss.classification:
         out["noisy_accuracy"] = correct / len(tensors)
     return out
-
-
-def _save_atomic(obj: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def auto_embedding_updates(
@@ -333,7 +326,8 @@ def train(
             else:
                 bad_epochs += 1
         if checkpoint_path is not None and rank == 0:
-            _save_atomic(
+            save_torch_file(
+                checkpoint_path,
                 {
                     "epoch": epoch + 1,
                     "model": model.state_dict(),
@@ -345,7 +339,6 @@ def train(
                     "best_state": best_state,
                     "history": history,
                 },
-                checkpoint_path,
             )
         if report is not None:
             report(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -26,6 +25,7 @@ from label_party.labeldp_pro.dpsgd import (
     train_labeldp_pro,
 )
 from shared.artifact import model_artifact, preprocessing_dict
+from shared.torch_files import save_torch_file
 from shared.torch_models import ImageCNN, ImageCNNConfig, TabularMLP, TabularMLPConfig
 
 if TYPE_CHECKING:
@@ -193,14 +193,9 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint, plan: dict[str, Any]) -
         "optimizer": checkpoint.optimizer,
         "history": [asdict(h) for h in checkpoint.history],
     }
-    # A name of its own: a worker that lost its lease may still be writing while the
-    # one that took the training over saves, and one shared name could tear.
-    partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.partial")
-    try:
-        torch.save(payload, partial)
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
+    # Its own temporary name: a worker that lost its lease may still be writing
+    # while the one that took the training over saves.
+    save_torch_file(path, payload)
 
 
 def read_checkpoint(path: Path, plan: dict[str, Any]) -> Checkpoint | None:

@@ -22,7 +22,10 @@ Postgres, one worker on SQLite). For each training it
 
 A heartbeat thread renews the lease and publishes progress; a training that is
 cancelled, or taken over after this worker stalled, stops at the next step.
-Nothing is refunded when a training fails (see :mod:`label_party.trainings.service`).
+Nothing is refunded when a training fails (see :mod:`label_party.trainings.service`),
+so storage refusing a write (a full disk, ``shared.errors.STORAGE_ERRNOS``) does not
+fail it: the worker leaves it to its lease's expiry and a worker claims it again,
+up to ``MAX_ATTEMPTS`` times.
 A running training saves a checkpoint (model, optimizer, epoch history) about 20
 times under ``trainings/checkpoints/<id>.pt``; one given back to the queue
 (SIGTERM, a dead worker) goes on from its last checkpoint with fresh noise for
@@ -63,7 +66,7 @@ from label_party.trainings.plan import check_ran_as_planned
 from shared.lease_queue import Status
 from shared.logging import exception_fields
 from shared.parquet import publish_by_hash, temp_path
-from shared.worker_loop import PollingWorker
+from shared.worker_loop import PollingWorker, left_to_retry
 
 log = logging.getLogger("label_party.trainings.worker")
 
@@ -174,7 +177,9 @@ class Worker(PollingWorker):
                 for training_id in exhausted:  # auditors see every end of a training
                     self._audit(session, training_id, "training.failed", {"exhausted": True})
                 row = queue.claim(
-                    worker_id=self.worker_id, lease_seconds=self.settings.worker_lease_seconds
+                    worker_id=self.worker_id,
+                    lease_seconds=self.settings.worker_lease_seconds,
+                    max_attempts=MAX_ATTEMPTS,
                 )
             for training_id in exhausted:  # committed: it never resumes
                 training_checkpoint_path(self.settings, training_id).unlink(missing_ok=True)
@@ -222,6 +227,8 @@ class Worker(PollingWorker):
         except Exception as exc:
             shared.stop.set()
             beat.join()
+            if left_to_retry(exc, {"training_id": training_id}):
+                return  # paid for: a full disk must not fail it
             # The type and place only: the text may quote a label (DESIGN.md §3.1).
             log.error(
                 "training failed",
@@ -232,7 +239,12 @@ class Worker(PollingWorker):
             return
         shared.stop.set()
         beat.join()
-        self._record_success(training_id, artifact, accounting, metrics, shared.progress)
+        try:
+            self._record_success(training_id, artifact, accounting, metrics, shared.progress)
+        except OSError as exc:
+            if left_to_retry(exc, {"training_id": training_id}):
+                return
+            raise
         self._drop_checkpoint_if_final(training_id)
 
     def _drop_checkpoint_if_final(self, training_id: str) -> None:

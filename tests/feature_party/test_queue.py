@@ -24,6 +24,7 @@ from feature_party.jobs.worker import Worker
 from feature_party.orm import Job, Model, utcnow
 from shared.lease_queue import LeaseQueue
 from tests.feature_party.conftest import ADMIN, add_jobs, make_settings, seed_inputs
+from tests.file_limits import file_size_limit
 
 TINY = {"epochs": 1, "batch_size": 128, "hidden": [8], "validation_fraction": 0.0}
 
@@ -236,3 +237,62 @@ def test_clean_hand_backs_are_not_deaths(db: tuple[Database, Settings]) -> None:
     with database.session() as session:
         assert JobRepository(session).fail_exhausted(max_attempts=2) == [job_id]
         assert JobRepository(session).get(job_id).status == Status.FAILED
+
+
+def test_a_lapsed_lease_on_its_last_attempt_is_never_claimed(db: tuple[Database, Settings]) -> None:
+    """The row whose lease runs out between ``fail_exhausted`` and ``claim`` (two
+    statements, two clock readings) must not get one run more than the attempts."""
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    [job_id] = add_jobs(database, fs, labels, 1, **TINY)
+    with database.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.status, job.worker_id, job.attempts = Status.RUNNING, "dead", 3
+        job.lease_expires_at = utcnow() - timedelta(seconds=1)
+    with database.session() as session:
+        repo = JobRepository(session)
+        assert repo.claim(worker_id="b", lease_seconds=60, max_attempts=3) is None
+        assert repo.claim(worker_id="b", lease_seconds=60, max_attempts=4) is not None
+
+
+@pytest.mark.postgres
+def test_a_job_storage_refused_is_left_to_retry_not_failed(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A job whose checkpoint or model the disk refuses (a real EFBIG: the worker
+    process runs under ``ulimit -f``) stays running until its lease lapses, and the
+    next worker trains it. Postgres: on SQLite the limit refuses the database too."""
+    settings = make_settings(tmp_path, database_url=postgres_url)
+    database = Database(postgres_url)
+    migrate(database.engine)
+    with database.session() as session:
+        session.query(Model).delete()
+        session.query(Job).delete()
+    fs, labels = seed_inputs(database, settings, n=200)
+    [job_id] = add_jobs(database, fs, labels, 1, **TINY)
+    env = {
+        **os.environ,
+        "LABELDP_DATABASE_URL": postgres_url,
+        "LABELDP_DATA_DIR": str(settings.data_dir),
+        "OMP_NUM_THREADS": "1",
+    }
+    worker = subprocess.run(
+        [sys.executable, "-m", "feature_party", "worker", "--once", "--id", "full-disk"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=file_size_limit(2 << 10),
+    )
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert "left to retry" in worker.stderr and "EFBIG" in worker.stderr, worker.stderr[-3000:]
+    with database.session() as session:
+        job = JobRepository(session).get(job_id)
+        assert (job.status, job.attempts) == (Status.RUNNING, 1)
+        job.lease_expires_at = utcnow() - timedelta(seconds=1)  # that worker is gone
+    assert Worker(database, settings, worker_id="roomy").run(once=True) == 1
+    with database.session() as session:
+        job = JobRepository(session).get(job_id)
+        assert (job.status, job.attempts, job.worker_id) == (Status.SUCCEEDED, 2, "roomy")
+    database.dispose()

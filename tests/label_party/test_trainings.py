@@ -11,6 +11,8 @@ import logging
 import math
 import os
 import shutil
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -21,6 +23,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from sqlalchemy import select
 
 from label_party.config import Settings
 from label_party.db import connect, transaction
@@ -30,6 +33,7 @@ from label_party.storage import TRAININGS_GRACE_SECONDS
 from label_party.trainings.worker import Worker
 from shared.torch_models import build_model, model_config_from_dict
 from tests.cuda import needs_cuda
+from tests.file_limits import file_size_limit
 from tests.label_party.conftest import Server
 from tests.label_party.helpers import create_client, parquet_bytes, upload_labels
 
@@ -783,3 +787,46 @@ def test_a_training_whose_workers_kept_dying_fails_in_the_audit_log(
     assert [e["action"] for e in ends][-1] == "training.failed"
     assert not checkpoint.exists()
     assert server.client().get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_a_training_storage_refused_is_left_to_retry_not_failed(
+    server: Server, granted: Any
+) -> None:
+    """A paid training whose checkpoint the disk refuses (here a real EFBIG: the
+    worker process runs under ``ulimit -f``) is not failed: its worker leaves it to
+    its lease, and the next worker that claims it trains it to a released model,
+    spending nothing more. On SQLite the limit would refuse the database's own
+    writes, so this runs on Postgres."""
+    if not server.env["LABELDP_DATABASE_URL"].startswith("postgresql"):
+        pytest.skip("ulimit -f would refuse the SQLite database's writes too")
+    _admin, client, dataset_id, ids, labels = granted
+    training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5,
+                      idempotency_key="full-disk", **CHEAP).json()  # fmt: skip
+    worker = subprocess.run(
+        [sys.executable, "-m", "labeldp", "label-party", "worker", "--once", "--id", "full-disk"],
+        env=server.env,
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=file_size_limit(2 << 10),
+    )
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert "left to retry" in worker.stderr and "EFBIG" in worker.stderr, worker.stderr[-3000:]
+    left = client.get(f"/v1/trainings/{training['id']}").json()
+    assert left["status"] == "running", left  # not failed: paid for, and the disk's fault
+    db = connect(_settings(server).resolved_database_url)
+    try:
+        with transaction(db.writer) as session:  # the limit's worker is gone; leases lapse
+            for row in session.scalars(select(Training).where(Training.worker_id == "full-disk")):
+                row.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+    finally:
+        db.dispose()
+    assert run_worker(server) >= 1
+    done = client.get(f"/v1/trainings/{training['id']}").json()
+    assert done["status"] == "succeeded", done
+    budget = client.get(f"/v1/datasets/{dataset_id}/budget").json()
+    entries = server.client().get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]
+    ours = [e["action"] for e in entries if e["payload"].get("training_id") == training["id"]]
+    assert ours == ["training.reserved", "training.succeeded"]
+    assert float(budget["delta_spent"]) == pytest.approx(1e-5)
