@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from label_party.config import Settings
+from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import MECHANISMS
 from shared.settings_help import add_serve_command, settings_epilog
@@ -27,7 +27,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     epilog = settings_epilog(
         Settings,
         {"database_url": "SQLite in LABELDP_DATA_DIR",
-         "admin_token": "required (unless LABELDP_MODE=dev)"},
+         "admin_token": "required by serve (unless LABELDP_MODE=dev; the worker needs none)"},
     )  # fmt: skip
     add_serve_command(party_cmds, party="labels-party", port=8001, epilog=epilog, handler=run_serve)
     worker = party_cmds.add_parser(
@@ -35,8 +35,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="run a LabelDP-Pro training worker (settings as for serve)",
         description="Claim queued trainings from the service's database and train them\n"
         "(CUDA when present; LABELDP_TRAINING_DEVICE=auto|cpu|cuda). Any number of\n"
-        "workers on Postgres; one on SQLite. It reads the same settings as serve and\n"
-        "checks them whole, LABELDP_ADMIN_TOKEN included, though it serves no API.",
+        "workers on Postgres; one on SQLite. It reads the same settings as serve\n"
+        "but LABELDP_ADMIN_TOKEN, which only the API needs.",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -188,7 +188,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from shared.logging import configure_logging
     from shared.startup import load_settings
 
-    settings = load_settings(Settings)
+    settings = load_settings(WorkerSettings)
     try:  # before claiming anything: each claimed training has been paid for
         resolve_device(settings.training_device)
     except RuntimeError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -58,11 +58,14 @@ class Settings(BaseSettings):
     #: Test-only: SIGKILL the server at this point of a release.
     test_crash_point: CrashPoint | None = None
 
+    #: Whether these settings start the API, which needs the admin token.
+    serves_api: ClassVar[bool] = True
+
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
         relaxed = self.mode in ("dev", "test")
         token = self.admin_token.get_secret_value() if self.admin_token else ""
-        if not relaxed:
+        if self.serves_api and not relaxed:
             problem = admin_token_problem(token)
             if problem:
                 raise ValueError(
@@ -112,3 +115,10 @@ class Settings(BaseSettings):
     @property
     def tmp_dir(self) -> Path:
         return self.data_dir / "tmp"
+
+
+class WorkerSettings(Settings):
+    """The training worker's settings: the service's, but the admin token is the
+    API's alone (the worker answers no request), so a worker is deployed without it."""
+
+    serves_api: ClassVar[bool] = False

@@ -103,6 +103,15 @@ def party_of(service_name: str) -> tuple[str, type[BaseSettings]]:
     raise AssertionError(f"{service_name}: neither a label-* nor a feature-* service")
 
 
+def settings_of(name: str, service: dict[str, Any]) -> type[BaseSettings]:
+    """The settings class the service's command builds (the labels party's worker
+    has its own: it needs no admin token)."""
+    _, settings_cls = party_of(name)
+    if settings_cls is label_config.Settings and "worker" in service["command"]:
+        return label_config.WorkerSettings
+    return settings_cls
+
+
 def random_secrets(config: dict[str, Any]) -> dict[str, str]:
     """A real-looking value for every variable the compose file uses."""
     return {name: secrets.token_urlsafe(32) for name in variables_in(config)}
@@ -201,17 +210,24 @@ def test_the_settings_accept_the_environment(
             monkeypatch.delenv(key)
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        _, settings_cls = party_of(name)
         try:
-            settings: Any = settings_cls()
+            settings: Any = settings_of(name, service)()
         except ValidationError as exc:
             pytest.fail(f"{name}: the settings refuse the compose environment: {exc}")
-        if isinstance(settings, feature_config.Settings):
+        if isinstance(settings, feature_config.Settings) and name in api_services(compose):
             assert settings.require_admin_token() == env["LABELDP_ADMIN_TOKEN"]
         assert settings.resolved_database_url == env["LABELDP_DATABASE_URL"], name
         assert str(settings.data_dir) in volume_mounts(service), (
             f"{name}: LABELDP_DATA_DIR {settings.data_dir} is not on a volume"
         )
+
+
+def test_only_the_apis_hold_an_admin_token(compose: dict[str, Any]) -> None:
+    """Least privilege: a worker answers no request, so it gets no admin token."""
+    apis = api_services(compose)
+    for name, service in labeldp_services(compose).items():
+        has_token = "LABELDP_ADMIN_TOKEN" in environment(service)
+        assert has_token == (name in apis), f"{name}: admin token {has_token}"
 
 
 def test_database_urls_point_at_the_partys_postgres(compose: dict[str, Any]) -> None:

@@ -63,6 +63,17 @@ def test_a_start_that_cannot_work_is_one_line(tmp_path: Path, party: str, comman
     assert expected in lines[0] and PASSWORD not in lines[0]
 
 
+@pytest.mark.parametrize("party", ["label-party", "feature-party"])
+def test_workers_start_without_the_admin_token_the_apis_need(tmp_path: Path, party: str) -> None:
+    """In production mode, with no ``LABELDP_ADMIN_TOKEN``: serve refuses to start,
+    the worker (which answers no request) runs."""
+    no_token = {"LABELDP_ADMIN_TOKEN": ""}
+    worker = _start(tmp_path, [party, "worker", "--once"], no_token)
+    assert worker.returncode == 0, worker.stderr[-2000:]
+    serve = _start(tmp_path, [party, "serve", "--port", str(free_port())], no_token)
+    assert serve.returncode == 2 and "LABELDP_ADMIN_TOKEN" in serve.stderr, serve.stderr[-2000:]
+
+
 def test_the_features_party_logs_json_lines_with_request_ids(tmp_path: Path) -> None:
     """As the labels party does: one JSON line per request with its id and route
     template (never the raw path), probes below INFO, the id echoed to the caller."""
