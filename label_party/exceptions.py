@@ -11,10 +11,12 @@
     │   ├── LabelsFrozenError     409 labels_frozen   (its audit entry is committed)
     │   └── IdempotencyConflictError 409 idempotency_conflict
     ├── PayloadTooLargeError      413 payload_too_large
+    ├── StorageUnavailableError   507 storage_unavailable (refused before any ε is spent)
     └── InvalidRequestError       422 invalid_request
         ├── InvalidLabelsError    422 invalid_labels (detail lists bad rows)
         │   └── RejectedUploadError  the same, once its audit entry is written
-        └── ReleaseFailedError    422 release_failed (its ε spent, reason withheld)
+        └── ReleaseFailedError    422 release_failed (its ε spent, reason withheld
+                                      but for storage refusing the release's file)
 
 Messages never quote a label value (DESIGN.md §3.1): upload errors name the row
 and the problem only. ``commit_session`` marks refusals whose audit entry must
@@ -70,6 +72,11 @@ class IdempotencyConflictError(ConflictError):
 class PayloadTooLargeError(LabelPartyError):
     status_code = 413
     code = "payload_too_large"
+
+
+class StorageUnavailableError(LabelPartyError):
+    status_code = 507
+    code = "storage_unavailable"
 
 
 class InvalidRequestError(LabelPartyError):

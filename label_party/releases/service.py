@@ -3,13 +3,18 @@
 Order inside the transaction (DESIGN.md §3.3): lock the dataset row → replay an
 idempotent request (spends nothing) → reserve the cost in the ledger (or refuse,
 logging the refusal) → fit and randomize into a file named by its SHA-256 →
-release row and audit entry → commit (by the request session). A failure before
-the commit rolls everything back; the file it may leave is unreferenced and swept
-at the next start. Except any other failure once the labels are read (a
-mechanism's, a solver's): whether a mechanism fails can depend on the labels (an LP on a
-noisy prior, a discrete mechanism's integrality), so a refusal that cost nothing
-would be a free, repeatable query of them. It is charged (``release.failed``)
-and says only that it failed (:class:`ReleaseFailedError`).
+release row and audit entry → commit (by the request session). A refusal before
+the reservation, or one that reads ids only, rolls everything back; a crash before
+the commit does too, and the file it may leave is unreferenced and swept at the
+next start. Any other failure once the labels are read is charged
+(``release.failed``, :class:`ReleaseFailedError`): whether a mechanism fails can
+depend on the labels (an LP on a noisy prior, a discrete mechanism's
+integrality), and whether the release's file fits on the disk depends on its size,
+a function of its noisy labels, so a refusal that cost nothing would be a free,
+repeatable query of them. Such a failure says only that it failed, or, for
+storage refusing the file, the errno (a post-processing of the charged output).
+Before the reservation a release needs ``LABELDP_RELEASE_BYTES_PER_LABEL`` free
+bytes per label in scope, so a disk that is plainly full costs nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import uuid
 from typing import Any, cast
@@ -41,6 +47,7 @@ from label_party.exceptions import (
     LabelPartyError,
     NotFoundError,
     ReleaseFailedError,
+    StorageUnavailableError,
 )
 from label_party.labels.validation import MAX_REPORTED
 from label_party.ledger import service as ledger
@@ -62,6 +69,8 @@ from label_party.releases.pipeline import (
     randomize_with_example_priors,
 )
 from label_party.storage import labels_path, partition_path
+from shared.errors import storage_problem
+from shared.logging import exception_fields
 from shared.parquet import publish_by_hash, temp_path
 from shared.protocol import MechanismDescription, ReleaseCreate, ReleaseRead, Task
 
@@ -149,6 +158,20 @@ def _labels_in_scope(settings: Settings, dataset: Dataset, selected: pa.Array | 
     return int(pc.sum(pc.is_in(ids, value_set=selected)).as_py() or 0)
 
 
+def _check_room(settings: Settings, in_scope: int) -> None:
+    """Refuse, free, a release the data directory plainly has no room for (from the
+    label-independent count in scope; see the module's docstring)."""
+    need = in_scope * settings.release_bytes_per_label
+    free = shutil.disk_usage(settings.data_dir).free
+    if free < need:
+        raise StorageUnavailableError(
+            f"the data directory has {free} bytes free and a release of {in_scope} labels "
+            f"needs {need} (LABELDP_RELEASE_BYTES_PER_LABEL each): its operator must free "
+            "space; nothing was spent",
+            detail={"free_bytes": free, "needed_bytes": need},
+        )
+
+
 def _generators(
     settings: Settings, session: Session, dataset: Dataset
 ) -> tuple[np.random.Generator, random.Random | None]:
@@ -195,7 +218,9 @@ def create(
     parts = normalize_parts(body.parts)
     selected = None if parts is None else _selected_ids(settings, session, dataset, parts)
     priors = _example_priors(session, settings, dataset, plan)
-    plan = preflight(plan, _labels_in_scope(settings, dataset, selected))
+    in_scope = _labels_in_scope(settings, dataset, selected)
+    plan = preflight(plan, in_scope)
+    _check_room(settings, in_scope)
     entry = ledger.reserve(session, principal, dataset, Cost(epsilon_units(body.epsilon), 0, parts))
 
     rng, prior_rng = _generators(settings, session, dataset)
@@ -226,8 +251,8 @@ def create(
         if settings.test_crash_point == "release_mechanism_fails":
             raise MechanismError("injected by LABELDP_TEST_CRASH_POINT")
         _final, sha = publish_by_hash(tmp, settings.releases_dir)
-    except (OSError, LabelPartyError):
-        raise  # storage, or a refusal that reads ids only: rolled back, nothing spent
+    except LabelPartyError:
+        raise  # a refusal that reads ids only: rolled back, nothing spent
     except Exception as exc:
         session.add(
             ReleaseFailure(
@@ -306,12 +331,27 @@ def _charged_failure(
         dataset_id=dataset.id,
         payload={**audit.spend_payload(entry), "mechanism": plan.mechanism},
     )
-    # The type only: the text may describe the labels (DESIGN.md §3.1).
+    # The type, errno and place only: the text may describe the labels (DESIGN.md §3.1).
     logger.warning(
         "release failed after reading the labels; its ε is spent",
-        extra={"fields": {"dataset_id": dataset.id, "error_type": type(exc).__name__}},
+        extra={"fields": {"dataset_id": dataset.id, **exception_fields(exc)}},
     )
+    problem = storage_problem(exc)
+    if problem is not None:
+        return ReleaseFailedError(
+            f"storage refused the release's file ({problem}); its ε is spent (a release's "
+            "size depends on its noisy labels, so whether it fits is charged like the "
+            "release). Its operator must free space before a new release",
+            detail={**_spent(entry), "errno": problem},
+        )
     return _failure_error(plan.mechanism, entry)
+
+
+def _spent(entry: LedgerEntry) -> dict[str, str]:
+    return {
+        "ledger_entry_id": entry.id,
+        "epsilon_spent": format(epsilon_decimal(entry.epsilon).normalize(), "f"),
+    }
 
 
 def _failure_error(mechanism: str, entry: LedgerEntry | None) -> ReleaseFailedError:
@@ -322,10 +362,7 @@ def _failure_error(mechanism: str, entry: LedgerEntry | None) -> ReleaseFailedEr
         "(whether it fails may depend on the labels, so the failure is charged and its "
         "reason withheld; a retry with the same idempotency key spends nothing more). "
         "Try another mechanism or a smaller ε",
-        detail={
-            "ledger_entry_id": entry.id,
-            "epsilon_spent": format(epsilon_decimal(entry.epsilon).normalize(), "f"),
-        },
+        detail=_spent(entry),
     )
 
 

@@ -32,6 +32,7 @@ from sqlalchemy.engine import make_url
 from label_party.app import create_app
 from label_party.config import Settings
 from shared.logging import JsonFormatter
+from tests.file_limits import file_size_limit as limit_files
 
 ADMIN_TOKEN = "test-admin-" + "x" * 24
 POSTGRES_URL = os.environ.get(
@@ -98,8 +99,11 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, **extra_env: str) -> Server:
+    def start(self, *, file_size_limit: int | None = None, **extra_env: str) -> Server:
+        """Start it; ``file_size_limit`` (a subprocess only): its files stop at that
+        many bytes, a real EFBIG (``tests.file_limits``)."""
         env = {**self.env, **extra_env}
+        assert file_size_limit is None or self.subprocess
         if self.subprocess:
             with self.log_path.open("ab") as log:
                 self.proc = subprocess_.Popen(
@@ -116,6 +120,7 @@ class Server:
                     cwd=REPO,
                     stdout=log,
                     stderr=log,
+                    preexec_fn=None if file_size_limit is None else limit_files(file_size_limit),
                 )
         else:
             settings = Settings(

@@ -141,6 +141,36 @@ def test_3_3_a_mechanism_failing_after_reading_the_labels_is_charged(make_server
     assert upload_labels(admin, ds, ["a", "b"], [3.0, 4.0]).status_code == 409
 
 
+def test_3_3_a_release_file_the_disk_refuses_is_charged(
+    make_server: Any, database_url: str
+) -> None:
+    """A release file's size depends on its noisy labels, so whether the disk takes
+    it must not be a free, repeatable query. A server whose files stop at 64 KiB
+    (``ulimit -f``: a real EFBIG) charges the release it cannot write and names the
+    errno; a release the free space plainly cannot hold is refused before any ε.
+    Postgres: on SQLite the limit would refuse the database's writes too."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("ulimit -f would refuse the SQLite database's writes too")
+    admin = make_server().start().client()  # writes the labels, without a limit
+    ds = create_dataset(admin, epsilon_budget=1)
+    n = 20_000  # Laplace noise is incompressible: 8 bytes a label, far past 64 KiB
+    assert upload_labels(admin, ds, [f"e{i}" for i in range(n)], [1.0] * n).status_code == 200
+    limited = make_server(subprocess=True).start(file_size_limit=64 << 10).client()
+    r = release(limited, ds, 0.25, idempotency_key="full")
+    assert r.status_code == 422 and r.json()["error"] == "release_failed", r.text
+    assert r.json()["detail"]["errno"] == "EFBIG" and r.json()["detail"]["epsilon_spent"] == "0.25"
+    assert release(limited, ds, 0.25, idempotency_key="full").status_code == 422  # replayed
+    budget = admin.get(f"/v1/datasets/{ds}/budget").json()
+    assert budget["epsilon_spent"] == 0.25
+    actions = [e["action"] for e in admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]]
+    assert actions.count("release.failed") == 1 and actions[-1] == "release.failed"
+    huge = make_server().start(LABELDP_RELEASE_BYTES_PER_LABEL=str(1 << 50)).client()
+    r = release(huge, ds, 0.25)
+    assert r.status_code == 507 and r.json()["error"] == "storage_unavailable", r.text
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.25
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
 def test_3_3_a_fit_that_fails_whatever_the_labels_is_a_free_refusal(server: Server) -> None:
     """Checked at the release's own ε₂ before anything is reserved: the LP at ε ≈ 50
     fails for every prior, and the preflight at ε/2 passed, so it was charged."""
