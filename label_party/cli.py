@@ -152,16 +152,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from label_party.app import create_app
     from shared.logging import configure_logging
+    from shared.startup import sole_server
 
     settings = _ready_settings()
-    configure_logging(settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_config=None,
-        access_log=False,
-    )
+    with sole_server(settings.data_dir, "labels-party"):
+        configure_logging(settings.log_level)
+        uvicorn.run(
+            create_app(settings),
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+        )
     return 0
 
 

@@ -116,8 +116,9 @@ def sweep_orphans(
 
     Partial writes under ``tmp/`` are deleted; complete files that no row
     references are moved to ``orphans/`` for the operator to inspect or delete.
-    Run at start-up, before the server accepts requests; assumes one server per
-    data directory. Training files are swept only once older than
+    Run at start-up, before the server accepts requests; ``labeldp label-party
+    serve`` holds the data directory's lock (``shared.startup.sole_server``), so no
+    other server is writing there. Training files are swept only once older than
     ``trainings_grace_seconds`` (see the module docstring).
     """
     removed = _sweep_trainings(settings, session, grace_seconds=trainings_grace_seconds)

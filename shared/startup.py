@@ -9,7 +9,9 @@ database password may be in it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import fcntl
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -87,3 +89,30 @@ def prepare(data_dir: Path, url: str, connect: Callable[[str], Engine],
     """The data directory writable and the database migrated, or a :class:`StartupError`."""
     prepare_data_dir(data_dir)
     open_database(url, connect, migrate)
+
+
+@contextmanager
+def flocked(path: Path) -> Iterator[bool]:
+    """Try to hold an exclusive lock on ``path`` for the block; yields whether it
+    did. The OS's lock: a killed process releases it, so none outlives its holder."""
+    with path.open("w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+@contextmanager
+def sole_server(data_dir: Path, party: str) -> Iterator[None]:
+    """Hold ``data_dir``'s server lock while the server runs: its start-up sweep sets
+    aside the files no committed row references, which, under a second server on
+    the same directory, are that server's releases in flight."""
+    with flocked(data_dir / "server.lock") as held:
+        if not held:
+            raise StartupError(
+                f"another {party} server already uses {ENV_PREFIX}DATA_DIR {data_dir}: run "
+                "one server per data directory"
+            )
+        yield

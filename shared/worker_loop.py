@@ -7,7 +7,6 @@ worker checks it while running an item and gives the item back to the queue.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from typing import Any
 
 from shared.errors import storage_problem
 from shared.logging import exception_fields
+from shared.startup import flocked
 
 __all__ = [
     "PollingWorker",
@@ -61,14 +61,12 @@ def run_queue_worker(
 def _single_sqlite_worker(data_dir: Path) -> Iterator[None]:
     """SQLite serializes every write: allow one worker per database (the lock is
     the OS's, so a killed worker releases it)."""
-    with (data_dir / "worker.lock").open("w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with flocked(data_dir / "worker.lock") as held:
+        if not held:
             raise WorkerBusyError(
                 "another worker already serves this SQLite database; "
                 "use Postgres (LABELDP_DATABASE_URL) for several workers"
-            ) from None
+            )
         yield
 
 

@@ -101,3 +101,34 @@ def test_the_features_party_logs_json_lines_with_request_ids(tmp_path: Path) -> 
         ("rq-77", "/v1/jobs/{job_id}", 404)
     ]
     assert "job-1234" not in service.log_path.read_text()
+
+
+def _labels_server(env: dict[str, str], log: Path) -> ServiceProcess:
+    port = free_port()
+    return ServiceProcess("labels party", ["label-party", "serve", "--port", str(port)],
+                          env, log, port)  # fmt: skip
+
+
+def test_a_second_labels_party_server_on_one_data_dir_refuses_to_start(tmp_path: Path) -> None:
+    """Its start-up sweep would set aside the first one's releases in flight: the
+    second says so in one line, exits 2, and the first serves on."""
+    data = tmp_path / "data"
+    env = {"LABELDP_ADMIN_TOKEN": secrets.token_urlsafe(32), "LABELDP_DATA_DIR": str(data)}
+    first = _labels_server(env, tmp_path / "lp.log")
+    first.start()
+    try:
+        first.wait_healthy()
+        second = _start(tmp_path, ["label-party", "serve", "--port", str(free_port())],
+                        {"LABELDP_DATA_DIR": str(data)})  # fmt: skip
+        assert second.returncode == 2, second.stderr[-2000:]
+        [line] = second.stderr.strip().splitlines()
+        assert "another labels-party server already uses LABELDP_DATA_DIR" in line
+        assert httpx.get(f"{first.url}/healthz", timeout=10).status_code == 200
+    finally:
+        first.stop()
+    again = _labels_server(env, tmp_path / "lp2.log")
+    again.start()  # the lock died with its holder
+    try:
+        again.wait_healthy()
+    finally:
+        again.stop()
