@@ -5,7 +5,7 @@
     ├── NotFoundError            404 not_found
     ├── ConflictError            409 conflict (budget_exceeded from the labels party)
     ├── PayloadTooLargeError     413 payload_too_large
-    ├── InvalidInputError        422 invalid_input / bad_file / no_join /
+    ├── InvalidInputError        422 invalid_request / bad_file / no_join /
     │                                release_dataset_mismatch
     ├── LabelsPartyRefusedError  4xx labels_party_refused (the labels party's 4xx)
     ├── StorageUnavailableError  507 storage_unavailable (the data directory refuses writes)
@@ -41,7 +41,7 @@ class PayloadTooLargeError(FeaturePartyError):
 
 class InvalidInputError(FeaturePartyError):
     status_code = 422
-    code = "invalid_input"
+    code = "invalid_request"  # the labels party's code too: one vocabulary for clients
 
 
 class UpstreamError(FeaturePartyError):

@@ -13,10 +13,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feature_party.errors import FeaturePartyError
 from shared.errors import (
-    HTTP_CODES,
     error_response,
+    http_error_response,
     unexpected_error_response,
-    validation_detail,
+    validation_error_response,
 )
 from shared.protocol import ErrorBody
 
@@ -37,17 +37,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(
-            422, "invalid_input", "the request is invalid", validation_detail(exc)
-        )
+        return validation_error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = HTTP_CODES.get(exc.status_code, "http_error")
-        response = error_response(exc.status_code, code, str(exc.detail))
-        if exc.headers:
-            response.headers.update(exc.headers)
-        return response
+        return http_error_response(exc.status_code, str(exc.detail), exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -18,16 +18,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from label_party.exceptions import LabelPartyError
 from label_party.mechanisms.base import MechanismError
 from shared.errors import (
-    HTTP_CODES,
     error_response,
+    http_error_response,
     unexpected_error_response,
-    validation_detail,
+    validation_error_response,
 )
 from shared.protocol import ErrorBody
 
 logger = logging.getLogger("label_party.errors")
-
-_HTTP_CODES = {**HTTP_CODES, 422: "invalid_request"}
 
 
 def _domain(_request: Request, exc: Exception) -> JSONResponse:
@@ -41,15 +39,12 @@ def _mechanism(_request: Request, exc: Exception) -> JSONResponse:
 
 def _validation(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(
-        422, "invalid_request", "the request is not valid", validation_detail(exc)
-    )
+    return validation_error_response(exc)
 
 
 def _http(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = _HTTP_CODES.get(exc.status_code, "error")
-    return error_response(exc.status_code, code, str(exc.detail))
+    return http_error_response(exc.status_code, str(exc.detail), exc.headers)
 
 
 def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -26,6 +26,7 @@ HTTP_CODES = {
     405: "method_not_allowed",
     409: "conflict",
     413: "payload_too_large",
+    422: "invalid_request",
 }
 
 
@@ -48,6 +49,22 @@ def error_response(status: int, code: str, message: str, detail: Any = None) -> 
     body = ErrorBody(error=code, message=message, detail=detail)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+def validation_error_response(exc: RequestValidationError) -> JSONResponse:
+    """A request the framework could not parse: 422 ``invalid_request``, as each
+    service's own refusals of invalid input."""
+    return error_response(
+        422, "invalid_request", "the request is not valid", validation_detail(exc)
+    )
+
+
+def http_error_response(status: int, detail: str, headers: Any = None) -> JSONResponse:
+    """An error the framework raised (routing, methods, auth headers)."""
+    response = error_response(status, HTTP_CODES.get(status, "http_error"), detail)
+    if headers:
+        response.headers.update(headers)
+    return response
 
 
 def validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:

@@ -685,7 +685,7 @@ def test_invalid_job_config_is_422(client: httpx.Client) -> None:
         },
     )
     assert r.status_code == 422
-    assert r.json()["error"] == "invalid_input"
+    assert r.json()["error"] == "invalid_request"
     job = {"feature_set_id": "a", "labels_id": "b", "learning_rate": float("nan")}
     r = client.post("/v1/jobs", headers={**AUTH, "content-type": "application/json"},
                     content=json.dumps(job))  # fmt: skip
