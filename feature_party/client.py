@@ -260,12 +260,13 @@ class LabelsPartyClient:
         self, dataset_id: str, file: Path | bytes, *, filename: str = "parts.parquet"
     ) -> dict[str, Any]:
         """``POST /v1/datasets/{id}/partitions`` (``example_id, part``) → ``{"id",
-        "parts": {part: size}}``. One plan per dataset; 409 after the first."""
+        "parts": {part: size}}``. One plan per dataset: 409 for another; the same
+        assignment again returns the plan, so a lost answer is retried."""
         return self._object(
             "POST",
             f"/v1/datasets/{path_segment(dataset_id)}/partitions",
             files_factory=_upload(file, filename),
-            idempotent=False,
+            idempotent=True,
         )
 
     def get_partition_plan(self, dataset_id: str) -> dict[str, Any]:

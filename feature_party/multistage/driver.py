@@ -156,17 +156,7 @@ class Driver:
         path = self._run_dir() / "parts.parquet"
         pq.write_table(table, path)
         sizes = dict(zip(*np.unique(parts, return_counts=True), strict=True))
-        # Only a run that tried to register before (and crashed before saving the plan's
-        # id) may adopt a plan it finds there; any other plan is another run's.
-        resumed = bool(state.get("registering_plan"))
-        self._save({**state, "registering_plan": True})
-        plan = _register_plan(
-            self.client,
-            self.run.dataset_id,
-            path,
-            {k: int(v) for k, v in sizes.items()},
-            adopt=resumed,
-        )
+        plan = _register_plan(self.client, self.run.dataset_id, path)
         stages = [
             {
                 "stage": t,
@@ -473,25 +463,20 @@ def assign_parts(
     return ordered, [f"{prefix}-{t}" for t in stage.tolist()]
 
 
-def _register_plan(
-    client: LabelsPartyClient, dataset_id: str, path: Path, sizes: dict[str, int], *, adopt: bool
-) -> dict[str, Any]:
-    """Register the plan. A plan already there is accepted only when ``adopt`` (this
-    run tried to register before and crashed before saving its id) and it has
-    exactly our parts: equal sizes alone could be another run's plan, with other
-    examples in each part, under the same part names."""
+def _register_plan(client: LabelsPartyClient, dataset_id: str, path: Path) -> dict[str, Any]:
+    """Register the plan. A run that registered it before a crash lost the answer
+    registers the same assignment again (the partition is seeded) and gets its plan
+    back; the labels party compares the examples in each part, so another run's
+    plan with equal part sizes is a 409, never adopted."""
     try:
         return client.register_partition_plan(dataset_id, path)
     except LabelsPartyHTTPError as exc:
-        if exc.status_code != 409:
-            raise RunFailedError(f"registering the partition plan failed: {exc}") from None
-    existing = client.get_partition_plan(dataset_id)
-    if not adopt or existing.get("parts") != sizes:
-        raise RunFailedError(
-            "the dataset already has another partition plan; LP-MST registers its own "
-            "(one plan per dataset), so run it on a dataset without one"
-        )
-    return existing
+        if exc.status_code == 409:
+            raise RunFailedError(
+                "the dataset already has another partition plan; LP-MST registers its own "
+                "(one plan per dataset), so run it on a dataset without one"
+            ) from None
+        raise RunFailedError(f"registering the partition plan failed: {exc}") from None
 
 
 def _num_classes(client: LabelsPartyClient, dataset_id: str) -> int:

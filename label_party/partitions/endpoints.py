@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Request, Response, status
 from pydantic import BaseModel
 
 from label_party.auth import require, visible_dataset
@@ -40,15 +40,21 @@ def _read(plan: PartitionPlan) -> PartitionPlanRead:
     "/v1/datasets/{dataset_id}/partitions",
     status_code=status.HTTP_201_CREATED,
     response_model=PartitionPlanRead,
-    responses=responses(401, 403, 404, 409, 413, 422),
+    responses={
+        200: {"model": PartitionPlanRead, "description": "The same assignment again: its plan"},
+        **responses(401, 403, 404, 409, 413, 422),
+    },
     openapi_extra=MULTIPART_BODY,
     summary="Register the dataset's partition plan (admin, granted client)",
     description="Multipart field `file`: CSV, Parquet or JSON lines with columns "
-    "`example_id` and `part`, computed without labels. One plan per dataset (409 after).",
+    "`example_id` and `part`, computed without labels. One plan per dataset: 409 for "
+    "another one; the same assignment (in any row order) returns the plan (200), so a "
+    "client may retry a registration whose answer it lost.",
 )
 async def register_plan(
     dataset_id: str,
     request: Request,
+    response: Response,
     session: SessionDep,
     settings: SettingsDep,
     principal: PrincipalDep,
@@ -58,13 +64,15 @@ async def register_plan(
     try:
         fmt = file_format(upload.filename, upload.content_type)
 
-        def store() -> PartitionPlan:
+        def store() -> tuple[PartitionPlan, bool]:
             dataset = visible_dataset(session, principal, dataset_id)
             return service.register(session, settings, principal, dataset, upload.file, fmt)
 
-        plan = await in_worker_thread(store)
+        plan, created = await in_worker_thread(store)
     finally:
         await upload.close()
+    if not created:
+        response.status_code = status.HTTP_200_OK
     return _read(plan)
 
 

@@ -3,9 +3,12 @@
 The features party (or the operator) registers one plan per dataset, from
 features only (LP-MST stages); a release may then touch chosen parts, and the
 ledger composes per part (DESIGN.md §3.4). A plan is fixed once registered
-(409 on a second one): replacing it would change which examples past releases
-touched. Examples outside the plan belong to no part and are touched only by
-whole-dataset releases. Nothing here reads labels.
+(409 on another one): replacing it would change which examples past releases
+touched. Registering the very same assignment again (a client retrying after a
+crash that lost the answer) returns the registered plan: only the same examples in
+each part may be adopted, which equal part sizes alone would not show. Examples
+outside the plan belong to no part and are touched only by whole-dataset
+releases. Nothing here reads labels.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import IO
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
 from label_party.audit import service as audit
@@ -33,7 +37,7 @@ from label_party.labels.validation import (
 from label_party.ledger.service import lock_dataset
 from label_party.models import Dataset, PartitionPlan
 from label_party.partitions import repository
-from label_party.storage import write_table
+from label_party.storage import partition_path, write_table
 
 COLUMNS = ("example_id", "part")
 MAX_PARTS = 10_000
@@ -53,24 +57,19 @@ def register(
     dataset: Dataset,
     source: IO[bytes],
     fmt: FileFormat,
-) -> PartitionPlan:
+) -> tuple[PartitionPlan, bool]:
+    """The plan and whether it was registered now (False: ``source`` assigns the same
+    examples to the same parts as the dataset's plan, which is returned)."""
     dataset = lock_dataset(session, dataset.id)
-    if get_plan(session, dataset.id) is not None:
-        raise ConflictError("the dataset already has a partition plan")
-    table = read_table(source, fmt, COLUMNS)
-    if table.num_rows == 0:
-        raise InvalidRequestError("the file has no rows")
-    ids, parts = as_strings(table.column("example_id")), as_strings(table.column("part"))
-    reasons = np.zeros(table.num_rows, dtype=np.int8)
-    mark_ids(reasons, ids)
-    mark(reasons, pc.fill_null(pc.equal(parts, ""), True), 3)
-    mark(reasons, pc.fill_null(pc.greater(pc.utf8_length(parts), MAX_PART_NAME), False), 4)
-    report(reasons, REASONS)
-    counts = pc.value_counts(parts).flatten()
-    if len(counts[0]) > MAX_PARTS:
-        raise InvalidRequestError(f"a plan has at most {MAX_PARTS} parts")
-    sizes = dict(zip(counts[0].to_pylist(), counts[1].to_pylist(), strict=True))
-    clean = pa.table({"example_id": ids, "part": parts}).cast(SCHEMA)
+    clean, sizes = _parse(source, fmt)
+    existing = get_plan(session, dataset.id)
+    if existing is not None:
+        if _same_assignment(clean, pq.read_table(partition_path(settings, existing))):
+            return existing, False
+        raise ConflictError(
+            "the dataset already has another partition plan (one per dataset; registering "
+            "the same assignment again returns it)"
+        )
     sha = write_table(settings, clean, settings.partitions_dir / dataset.id)
     plan = PartitionPlan(
         id=str(uuid.uuid4()),
@@ -88,4 +87,32 @@ def register(
         dataset_id=dataset.id,
         payload={"plan_id": plan.id, "parts": sorted(sizes), "sha256": sha},
     )
-    return plan
+    return plan, True
+
+
+def _parse(source: IO[bytes], fmt: FileFormat) -> tuple[pa.Table, dict[str, int]]:
+    """The upload as ``(example_id, part)`` strings and its part sizes, or a 422
+    naming the bad rows."""
+    table = read_table(source, fmt, COLUMNS)
+    if table.num_rows == 0:
+        raise InvalidRequestError("the file has no rows")
+    ids, parts = as_strings(table.column("example_id")), as_strings(table.column("part"))
+    reasons = np.zeros(table.num_rows, dtype=np.int8)
+    mark_ids(reasons, ids)
+    mark(reasons, pc.fill_null(pc.equal(parts, ""), True), 3)
+    mark(reasons, pc.fill_null(pc.greater(pc.utf8_length(parts), MAX_PART_NAME), False), 4)
+    report(reasons, REASONS)
+    counts = pc.value_counts(parts).flatten()
+    if len(counts[0]) > MAX_PARTS:
+        raise InvalidRequestError(f"a plan has at most {MAX_PARTS} parts")
+    sizes = dict(zip(counts[0].to_pylist(), counts[1].to_pylist(), strict=True))
+    return pa.table({"example_id": ids, "part": parts}).cast(SCHEMA), sizes
+
+
+def _same_assignment(a: pa.Table, b: pa.Table) -> bool:
+    """Whether two plans put the same examples in the same parts, in any row order."""
+    if a.num_rows != b.num_rows:
+        return False
+    order = [("example_id", "ascending")]
+    same = a.sort_by(order).equals(b.select(["example_id", "part"]).cast(SCHEMA).sort_by(order))
+    return bool(same)

@@ -238,3 +238,30 @@ def test_resume_trains_a_failed_stage_again_without_paying_twice(services: Servi
         failed_jobs = stage["failed_jobs"]
     assert len(set(failed_jobs)) == 2  # a new job, not a wait on the dead one
     assert _parts_spent(services, dataset_id)["lpmst-1"] == Decimal(1)  # the release replayed
+
+
+def test_a_run_that_lost_its_registration_s_answer_gets_its_plan_back(
+    services: Services, tmp_path: Any
+) -> None:
+    """A driver that crashed after the labels party registered its plan, before it
+    saved the plan's id, registers the same seeded partition again on resume: the
+    labels party answers with that plan. Another assignment with equal part sizes
+    fails the run instead of being adopted."""
+    from feature_party.multistage.driver import RunFailedError, _register_plan
+
+    dataset_id, token, _feature_set_id = _setup(services, budget=1.0)
+    features, _ = _problem()
+    ids = features.column("example_id").to_pylist()
+    path = tmp_path / "parts.parquet"
+    with LabelsPartyClient(services.labels_url, token) as client:
+
+        def register(seed: int) -> dict[str, Any]:
+            chosen, parts = assign_parts(ids, [0.4, 0.6], seed=seed, prefix="lpmst")
+            path.write_bytes(parquet_bytes(pa.table({"example_id": chosen, "part": parts})))
+            return _register_plan(client, dataset_id, path)
+
+        first = register(5)
+        assert register(5)["id"] == first["id"]  # the resumed run's own plan
+        with pytest.raises(RunFailedError, match="another partition plan"):
+            register(6)  # equal sizes, other examples in each part
+        assert client.get_partition_plan(dataset_id)["id"] == first["id"]

@@ -144,8 +144,18 @@ def test_partitions_compose_per_part(server: Server) -> None:
     plan = parquet_bytes({"example_id": ids[:200], "part": ["a"] * 100 + ["b"] * 100})
     r = admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("plan.parquet", plan)})
     assert r.status_code == 201 and r.json()["parts"] == {"a": 100, "b": 100}
-    again = admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("plan.parquet", plan)})
-    assert again.status_code == 409
+    # The same assignment again (a retry that lost its answer; any row order, any
+    # format) is the plan; the same part sizes with other examples in them are not.
+    same = "example_id,part\n" + "".join(
+        f"{i},{'a' if int(i[1:]) < 100 else 'b'}\n" for i in reversed(ids[:200])
+    )
+    again = admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("plan.csv", same)})
+    assert again.status_code == 200 and again.json()["id"] == r.json()["id"], again.text
+    swapped = parquet_bytes({"example_id": ids[:200], "part": ["b"] * 100 + ["a"] * 100})
+    other = admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("p.parquet", swapped)})
+    assert other.status_code == 409 and "another partition plan" in other.json()["message"]
+    actions = [e["action"] for e in admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]]
+    assert actions.count("partition.created") == 1
 
     r = release(admin, ds, 0.6, parts=["a"])
     assert r.status_code == 201 and r.json()["num_labels"] == 100
