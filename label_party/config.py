@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     #: Largest memory a projecting denoiser may take for one example's per-class
     #: gradients (K × parameters floats, about 12 bytes each at their peak).
     training_max_projection_bytes: int = Field(default=4 << 30, gt=0)
+    #: Most DP-SGD steps (epochs × n/B) a training may ask for (422 above, before
+    #: any budget is spent): about a day at 10 steps/s on one GPU.
+    training_max_steps: int = Field(default=1_000_000, gt=0)
     #: Test-only: releases draw from a generator seeded with this and the release id.
     test_seed: int | None = None
     #: Test-only: SIGKILL the server at this point of a release.

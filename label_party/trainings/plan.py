@@ -23,6 +23,8 @@ public configuration.
 A plan is refused (:class:`InfeasiblePlanError`) when
 
 * δ is not below 1 (the default δ = 1/n is 1 when a single example is covered);
+* T exceeds the service's ``max_steps`` (``LABELDP_TRAINING_MAX_STEPS``): a run
+  the worker could not finish in reasonable time, paid for all the same;
 * σ would exceed ``B·√T``. The averaged noisy gradient's noise along any one
   direction has standard deviation σC/B per step, while the clipped signal is at
   most C; over the whole run the noise (σC√T/B) would then exceed the largest
@@ -78,9 +80,12 @@ class NoisePlan:
         return asdict(self)
 
 
-def noise_plan(spec: Mapping[str, Any], num_examples: int) -> NoisePlan:
+def noise_plan(
+    spec: Mapping[str, Any], num_examples: int, *, max_steps: int | None = None
+) -> NoisePlan:
     """The plan for a resolved spec (``epsilon``, ``delta``, ``epochs``,
-    ``expected_batch_size``, ``denoiser``) over ``num_examples`` labelled examples.
+    ``expected_batch_size``, ``denoiser``) over ``num_examples`` labelled examples,
+    of at most ``max_steps`` steps.
 
     Raises :class:`InfeasiblePlanError` when it cannot be trained as asked.
     """
@@ -107,6 +112,14 @@ def noise_plan(spec: Mapping[str, Any], num_examples: int) -> NoisePlan:
         )
     steps_per_epoch = max(1, round(n / batch))
     steps = int(spec["epochs"]) * steps_per_epoch
+    if max_steps is not None and steps > max_steps:
+        raise InfeasiblePlanError(
+            f"{spec['epochs']} epochs of {steps_per_epoch} steps (expected batch size "
+            f"{batch} over {n} labelled examples) are {steps} steps; this labels party "
+            f"trains at most {max_steps} (LABELDP_TRAINING_MAX_STEPS): raise "
+            "expected_batch_size or lower epochs",
+            {"steps": steps, "max_steps": max_steps},
+        )
     rate = batch / n
     amplification = amplification_for(str(spec["denoiser"]))
     detail: dict[str, Any] = {

@@ -278,11 +278,11 @@ def _check_model_size(settings: Settings, resolved: dict[str, Any], num_features
         )
 
 
-def _plan(resolved: dict[str, Any], n: int) -> dict[str, Any]:
+def _plan(resolved: dict[str, Any], n: int, max_steps: int) -> dict[str, Any]:
     """The noise plan the worker will train with, or 422 (nothing spent)."""
     started = time.perf_counter()
     try:
-        plan = noise_plan(resolved, n)
+        plan = noise_plan(resolved, n, max_steps=max_steps)
     except InfeasiblePlanError as exc:
         raise InvalidRequestError(
             f"infeasible training spec: {exc.message}", exc.detail or None
@@ -346,7 +346,7 @@ def _draft(
     _check_model_size(settings, resolved, table.num_columns - 1)
     # Before anything is reserved: a spec the worker could not calibrate is
     # refused here, not discovered after its budget was spent.
-    resolved["plan"] = _plan(resolved, n)
+    resolved["plan"] = _plan(resolved, n, settings.training_max_steps)
     return _Draft(table, n, resolved, delta, dataset.labels_sha256)
 
 

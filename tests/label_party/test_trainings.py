@@ -366,6 +366,12 @@ def test_refusals_before_any_spend(server: Server, granted: Any, tmp_path: Path)
         (tabular(ids, labels, label=[1.0] * len(ids)), {"architecture": "mlp"}, "label"),
         # Finite in float64, infinite once stored as float32 (then trained as 0).
         (tabular(ids, labels, z=[1e300] * len(ids)), {"architecture": "mlp"}, "finite numbers"),
+        # 2·10⁶ steps (10⁴ epochs of 200): past LABELDP_TRAINING_MAX_STEPS, paid, never done.
+        (
+            tabular(ids, labels),
+            {"architecture": "mlp", "epochs": 10_000, "expected_batch_size": 1},
+            "LABELDP_TRAINING_MAX_STEPS",
+        ),
     ]
     for features, spec, message in cases:
         r = submit(client, dataset_id, features, epsilon=1, **spec)
@@ -614,8 +620,8 @@ def test_labels_replaced_while_the_plan_is_computed_spend_nothing(
     dataset_id, ids, labels = make_dataset(admin)
     real_plan = service._plan
 
-    def plan_while_labels_change(resolved: dict[str, Any], n: int) -> dict[str, Any]:
-        plan = real_plan(resolved, n)
+    def plan_while_labels_change(resolved: dict[str, Any], n: int, steps: int) -> dict[str, Any]:
+        plan = real_plan(resolved, n, steps)
         assert upload_labels(admin, dataset_id, ids, labels[::-1].tolist()).status_code == 200
         return plan
 
