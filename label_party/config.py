@@ -37,11 +37,10 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(default=64 << 20, gt=0)
     #: Labels randomized per chunk in a release (bounded working memory).
     chunk_size: int = Field(default=1 << 20, gt=0)
-    #: The free space a release must find under ``data_dir`` per label in its
-    #: scope before its ε is reserved (507, nothing spent, below). A write that
-    #: fails after that is charged: a release file's size depends on its noisy
-    #: labels, so whether it fits must not be a free query.
-    release_bytes_per_label: int = Field(default=64, gt=0)
+    #: The room a release must find under ``data_dir`` before its ε is reserved, per
+    #: label in its scope beyond the label's id (507, nothing spent, below;
+    #: :mod:`label_party.releases.room`). A write that fails after that is charged.
+    release_bytes_per_label: int = Field(default=32, gt=0)
     #: Largest label grid a regression domain may declare.
     max_grid_size: int = Field(default=10_001, gt=1)
     log_level: LogLevel = "INFO"

@@ -68,5 +68,6 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "State conflict (budget exceeded, labels frozen, idempotency key reused)",
         413: "Upload larger than the configured limit",
         422: "Invalid request",
+        507: "The data directory has no room or cannot be written (nothing spent)",
     }
     return {s: {"model": ErrorBody, "description": descriptions[s]} for s in statuses}

@@ -84,6 +84,11 @@ STORAGE_ERRNOS = frozenset(
 )
 
 
+#: Of those, the ones that say the disk had no room for what was written, so
+#: whether they happen depends on how much was written.
+CAPACITY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 def storage_problem(exc: BaseException) -> str | None:
     """The errno's name (``ENOSPC``…) if ``exc`` is storage refusing a write, else None."""
     if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:

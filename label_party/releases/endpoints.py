@@ -32,7 +32,7 @@ router = APIRouter(tags=["releases"])
     response_model=ReleaseRead,
     responses={
         200: {"model": ReleaseRead, "description": "Idempotent replay: nothing spent"},
-        **responses(401, 403, 404, 409, 422),
+        **responses(401, 403, 404, 409, 422, 507),
     },
     summary="Spend ε on a randomized release of the labels (admin, granted client)",
     description="`epsilon` is the total the release spends, its private prior "

@@ -4,29 +4,31 @@ Order inside the transaction (DESIGN.md §3.3): lock the dataset row → replay 
 idempotent request (spends nothing) → reserve the cost in the ledger (or refuse,
 logging the refusal) → fit and randomize into a file named by its SHA-256 →
 release row and audit entry → commit (by the request session). A refusal before
-the reservation, or one that reads ids only, rolls everything back; a crash before
-the commit does too, and the file it may leave is unreferenced and swept at the
+the reservation, or one that reads ids only, rolls everything back; so does an
+OS error that does not depend on what was written (a missing file, permissions,
+I/O), and a crash before the commit, whose file is unreferenced and swept at the
 next start. Any other failure once the labels are read is charged
 (``release.failed``, :class:`ReleaseFailedError`): whether a mechanism fails can
 depend on the labels (an LP on a noisy prior, a discrete mechanism's
-integrality), and whether the release's file fits on the disk depends on its size,
-a function of its noisy labels, so a refusal that cost nothing would be a free,
-repeatable query of them. Such a failure says only that it failed, or, for
-storage refusing the file, the errno (a post-processing of the charged output).
-Before the reservation a release needs ``LABELDP_RELEASE_BYTES_PER_LABEL`` free
-bytes per label in scope, so a disk that is plainly full costs nothing.
+integrality), and whether the disk has room for the release's file
+(``CAPACITY_ERRNOS``) depends on its size, a function of its noisy labels, so a
+refusal that cost nothing would be a free, repeatable query of them. Such a
+failure says only that it failed. Before the reservation a release must find
+room for a label-independent bound on its file (:mod:`label_party.releases.room`),
+so a disk that is plainly full costs nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import random
-import shutil
 import signal
 import uuid
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -47,7 +49,6 @@ from label_party.exceptions import (
     LabelPartyError,
     NotFoundError,
     ReleaseFailedError,
-    StorageUnavailableError,
 )
 from label_party.labels.validation import MAX_REPORTED
 from label_party.ledger import service as ledger
@@ -58,7 +59,7 @@ from label_party.mechanisms.registry import get_spec
 from label_party.models import Dataset, LedgerEntry, Release, ReleaseFailure
 from label_party.observability import RELEASES
 from label_party.partitions.service import get_plan
-from label_party.releases import repository
+from label_party.releases import repository, room
 from label_party.releases.pipeline import (
     Randomized,
     ReleasePlan,
@@ -69,7 +70,7 @@ from label_party.releases.pipeline import (
     randomize_with_example_priors,
 )
 from label_party.storage import labels_path, partition_path
-from shared.errors import storage_problem
+from shared.errors import CAPACITY_ERRNOS
 from shared.logging import exception_fields
 from shared.parquet import publish_by_hash, temp_path
 from shared.protocol import MechanismDescription, ReleaseCreate, ReleaseRead, Task
@@ -158,20 +159,6 @@ def _labels_in_scope(settings: Settings, dataset: Dataset, selected: pa.Array | 
     return int(pc.sum(pc.is_in(ids, value_set=selected)).as_py() or 0)
 
 
-def _check_room(settings: Settings, in_scope: int) -> None:
-    """Refuse, free, a release the data directory plainly has no room for (from the
-    label-independent count in scope; see the module's docstring)."""
-    need = in_scope * settings.release_bytes_per_label
-    free = shutil.disk_usage(settings.data_dir).free
-    if free < need:
-        raise StorageUnavailableError(
-            f"the data directory has {free} bytes free and a release of {in_scope} labels "
-            f"needs {need} (LABELDP_RELEASE_BYTES_PER_LABEL each): its operator must free "
-            "space; nothing was spent",
-            detail={"free_bytes": free, "needed_bytes": need},
-        )
-
-
 def _generators(
     settings: Settings, session: Session, dataset: Dataset
 ) -> tuple[np.random.Generator, random.Random | None]:
@@ -220,54 +207,35 @@ def create(
     priors = _example_priors(session, settings, dataset, plan)
     in_scope = _labels_in_scope(settings, dataset, selected)
     plan = preflight(plan, in_scope)
-    _check_room(settings, in_scope)
-    entry = ledger.reserve(session, principal, dataset, Cost(epsilon_units(body.epsilon), 0, parts))
-
-    rng, prior_rng = _generators(settings, session, dataset)
-    tmp = temp_path(settings.tmp_dir, ".parquet")
-    try:
-        result: Randomized
-        if priors is None:
-            result = randomize(
-                plan,
-                labels_file=labels_path(settings, dataset),
-                out_file=tmp,
-                selected=selected,
-                rng=rng,
-                prior_rng=prior_rng,
-                chunk_size=settings.chunk_size,
-            )
-        else:
-            result = randomize_with_example_priors(
-                plan,
-                priors,
-                labels_file=labels_path(settings, dataset),
-                out_file=tmp,
-                selected=selected,
-                rng=rng,
-                prior_rng=prior_rng,
-                chunk_size=settings.chunk_size,
-            )
-        if settings.test_crash_point == "release_mechanism_fails":
-            raise MechanismError("injected by LABELDP_TEST_CRASH_POINT")
-        _final, sha = publish_by_hash(tmp, settings.releases_dir)
-    except LabelPartyError:
-        raise  # a refusal that reads ids only: rolled back, nothing spent
-    except Exception as exc:
-        session.add(
-            ReleaseFailure(
-                id=str(uuid.uuid4()),
-                dataset_id=dataset.id,
-                ledger_entry_id=entry.id,
-                created_by=principal.id,
-                mechanism=plan.mechanism,
-                idempotency_key=body.idempotency_key,
-                request_fingerprint=digest,
-            )
+    with room.promised(settings, labels_path(settings, dataset), in_scope):
+        entry = ledger.reserve(
+            session, principal, dataset, Cost(epsilon_units(body.epsilon), 0, parts)
         )
-        raise _charged_failure(session, principal, dataset, entry, plan, exc) from None
-    finally:
-        tmp.unlink(missing_ok=True)
+        rng, prior_rng = _generators(settings, session, dataset)
+        tmp = temp_path(settings.tmp_dir, ".parquet")
+        try:
+            result = _randomize(settings, dataset, plan, priors, selected, rng, prior_rng, tmp)
+            if settings.test_crash_point == "release_mechanism_fails":
+                raise MechanismError("injected by LABELDP_TEST_CRASH_POINT")
+            _final, sha = publish_by_hash(tmp, settings.releases_dir)
+        except Exception as exc:
+            if not _charged(exc):
+                raise  # rolled back, nothing spent
+            session.add(
+                ReleaseFailure(
+                    id=str(uuid.uuid4()),
+                    dataset_id=dataset.id,
+                    ledger_entry_id=entry.id,
+                    created_by=principal.id,
+                    mechanism=plan.mechanism,
+                    idempotency_key=body.idempotency_key,
+                    request_fingerprint=digest,
+                )
+            )
+            raise _charged_failure(session, principal, dataset, entry, plan, exc) from None
+        finally:
+            with contextlib.suppress(OSError):  # never in place of the charged failure
+                tmp.unlink(missing_ok=True)
 
     prior_units = epsilon_units(result.prior_epsilon)
     release = Release(
@@ -315,6 +283,36 @@ def create(
     return release, True
 
 
+def _charged(exc: Exception) -> bool:
+    """Whether a failure after the reservation is charged: any but a refusal that
+    reads ids only (ours), or an OS error that does not depend on what was written
+    (a missing file, permissions, I/O): the disk having no room for the file
+    (``CAPACITY_ERRNOS``) does, through its size."""
+    if isinstance(exc, LabelPartyError):
+        return False
+    return not isinstance(exc, OSError) or exc.errno in CAPACITY_ERRNOS
+
+
+def _randomize(
+    settings: Settings,
+    dataset: Dataset,
+    plan: ReleasePlan,
+    priors: example_priors.LoadedPriors | None,
+    selected: pa.Array | None,
+    rng: np.random.Generator,
+    prior_rng: random.Random | None,
+    out_file: Path,
+) -> Randomized:
+    labels_file, chunk = labels_path(settings, dataset), settings.chunk_size
+    if priors is None:
+        return randomize(plan, labels_file=labels_file, out_file=out_file, selected=selected,
+                         rng=rng, prior_rng=prior_rng, chunk_size=chunk)  # fmt: skip
+    return randomize_with_example_priors(
+        plan, priors, labels_file=labels_file, out_file=out_file, selected=selected,
+        rng=rng, prior_rng=prior_rng, chunk_size=chunk,
+    )  # fmt: skip
+
+
 def _charged_failure(
     session: Session,
     principal: Principal,
@@ -336,33 +334,22 @@ def _charged_failure(
         "release failed after reading the labels; its ε is spent",
         extra={"fields": {"dataset_id": dataset.id, **exception_fields(exc)}},
     )
-    problem = storage_problem(exc)
-    if problem is not None:
-        return ReleaseFailedError(
-            f"storage refused the release's file ({problem}); its ε is spent (a release's "
-            "size depends on its noisy labels, so whether it fits is charged like the "
-            "release). Its operator must free space before a new release",
-            detail={**_spent(entry), "errno": problem},
-        )
     return _failure_error(plan.mechanism, entry)
-
-
-def _spent(entry: LedgerEntry) -> dict[str, str]:
-    return {
-        "ledger_entry_id": entry.id,
-        "epsilon_spent": format(epsilon_decimal(entry.epsilon).normalize(), "f"),
-    }
 
 
 def _failure_error(mechanism: str, entry: LedgerEntry | None) -> ReleaseFailedError:
     """The same answer for a charged failure and for each replay of its key."""
     assert entry is not None  # a failure's ledger entry is never deleted
     return ReleaseFailedError(
-        f"the {mechanism} mechanism failed after reading the labels; its ε is spent "
-        "(whether it fails may depend on the labels, so the failure is charged and its "
-        "reason withheld; a retry with the same idempotency key spends nothing more). "
-        "Try another mechanism or a smaller ε",
-        detail=_spent(entry),
+        f"the {mechanism} release failed after reading the labels: its mechanism failed, "
+        "or the disk had no room for its file (the service's log says which). Its ε is "
+        "spent: whether it fails may depend on the labels, so the failure is charged and "
+        "its reason withheld; a retry with the same idempotency key spends nothing more. "
+        "Try another mechanism or a smaller ε, or ask the operator whether storage is full",
+        detail={
+            "ledger_entry_id": entry.id,
+            "epsilon_spent": format(epsilon_decimal(entry.epsilon).normalize(), "f"),
+        },
     )
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -146,9 +147,10 @@ def test_3_3_a_release_file_the_disk_refuses_is_charged(
 ) -> None:
     """A release file's size depends on its noisy labels, so whether the disk takes
     it must not be a free, repeatable query. A server whose files stop at 64 KiB
-    (``ulimit -f``: a real EFBIG) charges the release it cannot write and names the
-    errno; a release the free space plainly cannot hold is refused before any ε.
-    Postgres: on SQLite the limit would refuse the database's writes too."""
+    (``ulimit -f``: a real EFBIG) charges the release it cannot write, as any
+    failure after the labels are read (the same answer on replay); a release the
+    free space plainly cannot hold is refused before any ε. Postgres: on SQLite
+    the limit would refuse the database's writes too."""
     if not database_url.startswith("postgresql"):
         pytest.skip("ulimit -f would refuse the SQLite database's writes too")
     admin = make_server().start().client()  # writes the labels, without a limit
@@ -156,19 +158,45 @@ def test_3_3_a_release_file_the_disk_refuses_is_charged(
     n = 20_000  # Laplace noise is incompressible: 8 bytes a label, far past 64 KiB
     assert upload_labels(admin, ds, [f"e{i}" for i in range(n)], [1.0] * n).status_code == 200
     limited = make_server(subprocess=True).start(file_size_limit=64 << 10).client()
-    r = release(limited, ds, 0.25, idempotency_key="full")
-    assert r.status_code == 422 and r.json()["error"] == "release_failed", r.text
-    assert r.json()["detail"]["errno"] == "EFBIG" and r.json()["detail"]["epsilon_spent"] == "0.25"
-    assert release(limited, ds, 0.25, idempotency_key="full").status_code == 422  # replayed
-    budget = admin.get(f"/v1/datasets/{ds}/budget").json()
-    assert budget["epsilon_spent"] == 0.25
+    answers = [release(limited, ds, 0.25, idempotency_key="full") for _ in range(2)]
+    assert [r.status_code for r in answers] == [422, 422], answers[0].text
+    assert answers[0].json() == answers[1].json()  # the replay says the same, spends nothing
+    assert answers[0].json()["error"] == "release_failed"
+    assert answers[0].json()["detail"]["epsilon_spent"] == "0.25"
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.25
     actions = [e["action"] for e in admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]]
     assert actions.count("release.failed") == 1 and actions[-1] == "release.failed"
     huge = make_server().start(LABELDP_RELEASE_BYTES_PER_LABEL=str(1 << 50)).client()
     r = release(huge, ds, 0.25)
     assert r.status_code == 507 and r.json()["error"] == "storage_unavailable", r.text
+    assert set(r.json()["detail"]) == {"needed_bytes"}  # not the disk's free space
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.25
     assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_3_3_a_storage_error_that_does_not_depend_on_the_labels_spends_nothing(
+    make_server: Any,
+) -> None:
+    """A missing labels file, or a releases directory that cannot be created, fails
+    the same whatever the labels: no charge (an operator's mistake must not burn ε)."""
+    server = make_server().start()
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=1)
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    data = Path(server.env["LABELDP_DATA_DIR"])
+    releases = data / "releases"
+    shutil.rmtree(releases, ignore_errors=True)
+    releases.write_text("not a directory")
+    try:  # a fresh client for each: uvicorn drops the connection a 500 went out on
+        r = release(server.client(), ds, 0.25)
+        assert r.status_code >= 500, r.text
+    finally:
+        releases.unlink()
+    for labels_file in (data / "labels" / ds).iterdir():
+        labels_file.unlink()
+    assert release(server.client(), ds, 0.25).status_code >= 500
+    assert server.client().get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    assert server.client().get("/v1/audit/verify").json()["ok"] is True
 
 
 def test_3_3_a_fit_that_fails_whatever_the_labels_is_a_free_refusal(server: Server) -> None:
