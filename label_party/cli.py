@@ -152,10 +152,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from label_party.app import create_app
     from shared.logging import configure_logging
-    from shared.startup import sole_server
+    from shared.startup import load_settings, prepare_data_dir, sole_server
 
-    settings = _ready_settings()
+    settings = load_settings(Settings)
+    prepare_data_dir(settings.data_dir)
+    # Before the migrations: a second server must not migrate the first one's database.
     with sole_server(settings.data_dir, "labels-party"):
+        _prepared(settings)
         configure_logging(settings.log_level)
         uvicorn.run(
             create_app(settings),
@@ -167,15 +170,9 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ready_settings() -> Settings:
+def _prepared(settings: Settings) -> Settings:
     """The settings, their data directory writable and their database migrated: a
     problem with any is one line (``shared.startup``), before the server starts."""
-    from shared.startup import load_settings
-
-    return _prepared(load_settings(Settings))
-
-
-def _prepared(settings: Settings) -> Settings:
     from label_party.db import connect, migrate
     from shared.startup import prepare
 

@@ -118,11 +118,14 @@ def test_a_second_labels_party_server_on_one_data_dir_refuses_to_start(tmp_path:
     first.start()
     try:
         first.wait_healthy()
+        fresh = tmp_path / "second.sqlite3"  # it must not migrate before it checks
         second = _start(tmp_path, ["label-party", "serve", "--port", str(free_port())],
-                        {"LABELDP_DATA_DIR": str(data)})  # fmt: skip
+                        {"LABELDP_DATA_DIR": str(data),
+                         "LABELDP_DATABASE_URL": f"sqlite:///{fresh}"})  # fmt: skip
         assert second.returncode == 2, second.stderr[-2000:]
         [line] = second.stderr.strip().splitlines()
         assert "another labels-party server already uses LABELDP_DATA_DIR" in line
+        assert not fresh.exists()
         assert httpx.get(f"{first.url}/healthz", timeout=10).status_code == 200
     finally:
         first.stop()
