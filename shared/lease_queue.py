@@ -189,6 +189,14 @@ class LeaseQueue(Generic[RowT]):
             == 1
         )
 
+    def forgive(self, row_id: str, worker_id: str) -> bool:
+        """Give back the attempt of a claim that storage failed (the operator's to
+        fix, not the row's): the row stays running until its lease lapses and is
+        then claimed again, however long the disk stays full. False if not ours."""
+        t = self._t
+        statement = update(t).where(self._mine(row_id, worker_id))
+        return self._rowcount(statement.values(attempts=t.attempts - 1)) == 1
+
     def fail_exhausted(self, *, max_attempts: int) -> list[str]:
         """Rows whose workers died ``max_attempts`` times fail instead of looping;
         their ids (the caller records and cleans up after them)."""

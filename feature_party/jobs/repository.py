@@ -32,6 +32,10 @@ class JobRepository:
     def _queue(self) -> LeaseQueue[Job]:
         return LeaseQueue(self.session, Job, clock=utcnow)
 
+    def forgive(self, job_id: str, worker_id: str) -> bool:
+        """Give back the attempt storage failed (``LeaseQueue.forgive``)."""
+        return self._queue().forgive(job_id, worker_id)
+
     def fail_exhausted(self, *, max_attempts: int) -> list[str]:
         """Jobs whose workers died ``max_attempts`` times fail instead of looping."""
         return self._queue().fail_exhausted(max_attempts=max_attempts)

@@ -151,6 +151,8 @@ class Worker(PollingWorker):
             beat.join()
             Path(spec.artifact_path).unlink(missing_ok=True)
             if left_to_retry(exc, {"job_id": job_id}):
+                with self.db.session() as session:
+                    JobRepository(session).forgive(job_id, self.worker_id)
                 return
             log.error("job failed", extra={"fields": {"job_id": job_id, **exception_fields(exc)}})
             with self.db.session() as session:

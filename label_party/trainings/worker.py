@@ -24,8 +24,8 @@ A heartbeat thread renews the lease and publishes progress; a training that is
 cancelled, or taken over after this worker stalled, stops at the next step.
 Nothing is refunded when a training fails (see :mod:`label_party.trainings.service`),
 so storage refusing a write (a full disk, ``shared.errors.STORAGE_ERRNOS``) does not
-fail it: the worker leaves it to its lease's expiry and a worker claims it again,
-up to ``MAX_ATTEMPTS`` times.
+fail it: the worker gives back the claim's attempt and leaves the training to its
+lease's expiry, and a worker claims it again, for as long as the disk stays full.
 A running training saves a checkpoint (model, optimizer, epoch history) about 20
 times under ``trainings/checkpoints/<id>.pt``; one given back to the queue
 (SIGTERM, a dead worker) goes on from its last checkpoint with fresh noise for
@@ -228,7 +228,8 @@ class Worker(PollingWorker):
             shared.stop.set()
             beat.join()
             if left_to_retry(exc, {"training_id": training_id}):
-                return  # paid for: a full disk must not fail it
+                self._forgive(training_id)  # paid for: a full disk must not fail it
+                return
             # The type and place only: the text may quote a label (DESIGN.md §3.1).
             log.error(
                 "training failed",
@@ -243,6 +244,7 @@ class Worker(PollingWorker):
             self._record_success(training_id, artifact, accounting, metrics, shared.progress)
         except OSError as exc:
             if left_to_retry(exc, {"training_id": training_id}):
+                self._forgive(training_id)
                 return
             raise
         self._drop_checkpoint_if_final(training_id)
@@ -318,6 +320,10 @@ class Worker(PollingWorker):
         with transaction(self.db.writer) as session:
             repository.queue(session).release(training_id, self.worker_id)
         log.info("training %s: given back to the queue", training_id)
+
+    def _forgive(self, training_id: str) -> None:
+        with transaction(self.db.writer) as session:
+            repository.queue(session).forgive(training_id, self.worker_id)
 
     def _finish_failed(self, training_id: str, error: str) -> bool:
         """Mark the training failed; False if it is no longer this worker's."""

@@ -825,6 +825,8 @@ def test_a_training_storage_refused_is_left_to_retry_not_failed(
     try:
         with transaction(db.writer) as session:  # the limit's worker is gone; leases lapse
             for row in session.scalars(select(Training).where(Training.worker_id == "full-disk")):
+                if row.id == training["id"]:  # given back: storage's fault, not the training's
+                    assert row.attempts == 0
                 row.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
     finally:
         db.dispose()
