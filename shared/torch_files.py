@@ -17,6 +17,8 @@ from typing import Any, BinaryIO
 
 import torch
 
+from shared.parquet import fsync_directory
+
 __all__ = ["save_torch_file"]
 
 
@@ -41,7 +43,8 @@ class _Sink:
 def save_torch_file(path: Path, obj: Any, *, fsync: bool = False) -> None:
     """``torch.save(obj)`` to ``path`` atomically: a temporary file of its own name
     (``.<name>.<random>.partial``: two writers never share one), then a rename;
-    ``fsync`` first for files that must survive a power cut (released models).
+    with ``fsync``, the file before the rename and its directory after it, for files
+    that must survive a power cut (released models).
     Storage refusing a write raises its ``OSError``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
@@ -58,5 +61,7 @@ def save_torch_file(path: Path, obj: Any, *, fsync: bool = False) -> None:
                 fh.flush()
                 os.fsync(fh.fileno())
         partial.replace(path)
+        if fsync:
+            fsync_directory(path.parent)
     finally:
         partial.unlink(missing_ok=True)
