@@ -16,7 +16,6 @@ queue (it resumes from its checkpoint elsewhere).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -189,7 +188,7 @@ class Worker(PollingWorker):
                 time.sleep(0.2)
         finally:
             _terminate(proc)
-        result = _read_json(run_dir / distributed.RESULT)
+        result = distributed.read_result(run_dir)
         if result is None:
             raise RuntimeError(f"distributed training exited with status {proc.returncode}")
         if not result.get("ok"):
@@ -264,11 +263,3 @@ def _terminate(proc: Any) -> None:
     except Exception:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (OSError, ValueError):
-        return None

@@ -31,7 +31,11 @@ from feature_party.training.runner import RunSpec, execute
 SPEC = "spec.json"
 PROGRESS = "progress.json"
 RESULT = "result.json"
+FAILURE = "failure.json"
 STOP = "stop"
+#: The failure report's size, allocated at launch: rank 0 writes it in place, so it
+#: can say that the disk is full on a full disk.
+FAILURE_BYTES = 2048
 
 
 def _write_json(path: Path, obj: object) -> None:
@@ -45,6 +49,7 @@ def launch(run_dir: Path, spec: RunSpec, *, processes: int) -> subprocess.Popen[
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in (PROGRESS, RESULT, STOP):
         (run_dir / name).unlink(missing_ok=True)
+    (run_dir / FAILURE).write_bytes(b" " * FAILURE_BYTES)
     spec.save(run_dir / SPEC)
     env = dict(os.environ)
     if resolve_device_kind(spec) == "cpu":
@@ -88,6 +93,31 @@ def resolve_device_kind(spec: RunSpec) -> str:
     return "cpu" if device == "cpu" else "cuda"
 
 
+def report_failure(run_dir: Path, exc: BaseException) -> None:
+    """Rank 0's failure, with a storage errno (retried, not failed), written over the
+    report allocated at launch: no new block is needed."""
+    failure: dict[str, Any] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:200]}
+    if isinstance(exc, OSError) and exc.errno is not None:
+        failure["errno"] = exc.errno
+    data = json.dumps(failure).encode().ljust(FAILURE_BYTES)[:FAILURE_BYTES]
+    fd = os.open(run_dir / FAILURE, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """The run's result or rank 0's failure report; None if it wrote neither."""
+    for name in (RESULT, FAILURE):
+        try:
+            data: dict[str, Any] = json.loads((run_dir / name).read_text())
+            return data
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def read_progress(run_dir: Path) -> Progress | None:
     try:
         return Progress(**json.loads((run_dir / PROGRESS).read_text()))
@@ -127,10 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     except Exception as exc:
         if rank == 0:
-            failure: dict[str, Any] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            if isinstance(exc, OSError) and exc.errno is not None:
-                failure["errno"] = exc.errno  # storage refusing a write is retried
-            _write_json(run_dir / RESULT, failure)
+            report_failure(run_dir, exc)
         raise
     finally:
         if dist.is_initialized():

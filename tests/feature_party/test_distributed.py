@@ -3,6 +3,7 @@ processes for a job that asks for them."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from feature_party.jobs.status import Status
 from feature_party.jobs.worker import Worker
 from feature_party.training.artifact import load_artifact
 from tests.feature_party.conftest import add_jobs, make_settings, seed_inputs
+from tests.file_limits import fill, full_disk
 
 
 @pytest.mark.slow
@@ -104,3 +106,21 @@ def test_a_killed_worker_leaves_no_rank_training(tmp_path: Path) -> None:
     while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in ranks if _alive(pid)]
+
+
+def test_rank_0_reports_a_full_disk_on_a_full_disk(tmp_path: Path) -> None:
+    """A multi-GPU job whose disk fills must be retried, not failed: rank 0's report
+    of the errno is written over space allocated at launch, where a new file (the
+    result's) finds no block."""
+    from feature_party.training import distributed
+
+    with full_disk(tmp_path / "small") as run_dir:
+        (run_dir / distributed.FAILURE).write_bytes(b" " * distributed.FAILURE_BYTES)
+        assert distributed.read_result(run_dir) is None  # launched, nothing reported
+        fill(run_dir)
+        with pytest.raises(OSError) as full:
+            distributed._write_json(run_dir / distributed.RESULT, {"ok": True, "metrics": {}})
+        distributed.report_failure(run_dir, full.value)
+        result = distributed.read_result(run_dir)
+    assert result is not None and result["ok"] is False
+    assert result["errno"] == errno.ENOSPC
