@@ -32,6 +32,7 @@ e^ε/(e^ε+k−1) = 1/(1+(k−1)δ), so no e^ε overflows for large ε.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,15 +43,19 @@ from label_party.mechanisms.base import (
     FitRequest,
     FloatArray,
     IntArray,
+    Loss,
+    Mechanism,
     MechanismError,
     check_epsilon,
     check_params,
+    pointwise_loss,
     secure_generator,
     validate_prior,
 )
 
 __all__ = [
     "TIE_RTOL",
+    "RandomizedResponse",
     "rr_from_request",
     "rr_matrix",
     "rr_sample",
@@ -129,7 +134,78 @@ def rr_matrix(num_classes: int, *, epsilon: float) -> FloatArray:
     return m
 
 
-def rr_from_request(request: FitRequest) -> FiniteMechanism:
+@dataclass(frozen=True, eq=False)
+class RandomizedResponse(Mechanism):
+    """RR_ε over K classes, given by (K, ε) alone: its K×K matrix is never built
+    (a release over 10⁵ classes would need 80 GB for it, and its manifest would
+    carry it), and the features party rebuilds whatever it needs from (K, ε).
+    :meth:`as_finite` is the same mechanism as a matrix, for small K."""
+
+    epsilon: float
+    num_classes: int
+    name: str = "rr"
+
+    @property
+    def keep_probability(self) -> float:
+        """e^ε/(e^ε+K−1), written so that no e^ε overflows."""
+        return 1.0 / (1.0 + (self.num_classes - 1) * math.exp(-self.epsilon))
+
+    @property
+    def other_probability(self) -> float:
+        """1/(e^ε+K−1): each class but the label's."""
+        return math.exp(-self.epsilon) * self.keep_probability
+
+    def sample(
+        self,
+        labels: FloatArray,
+        *,
+        rng: np.random.Generator | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ) -> FloatArray:
+        noisy = rr_sample(
+            np.asarray(labels), self.num_classes, epsilon=self.epsilon, rng=rng,
+            chunk_size=chunk_size,
+        )  # fmt: skip
+        return noisy.astype(np.float64)
+
+    def bias(self, values: FloatArray) -> FloatArray:
+        """E[M(y)] − y = keep·y + other·(Σ_o o − y) − y, with Σ_o o = K(K−1)/2."""
+        y = np.asarray(values, dtype=np.float64)
+        total = self.num_classes * (self.num_classes - 1) / 2
+        result: FloatArray = self.keep_probability * y + self.other_probability * (total - y) - y
+        return result
+
+    def noisy_label_loss(self, values: FloatArray, prior: FloatArray, loss: Loss) -> float:
+        """E ℓ(M(y), y) = keep·ℓ(y, y) + other·Σ_{o≠y} ℓ(o, y), over y ~ prior; a
+        block of values at a time, so memory stays O(K) per value."""
+        y_all = np.asarray(values, dtype=np.float64)
+        weights = np.asarray(prior, dtype=np.float64)
+        outputs = np.arange(self.num_classes, dtype=np.float64)
+        block = _block_rows(DEFAULT_CHUNK, self.num_classes)
+        total = 0.0
+        used = np.flatnonzero(weights > 0)  # 0·∞ is 0: unused values may cost ∞
+        for start in range(0, used.size, block):
+            rows = used[start : start + block]
+            y = y_all[rows]
+            own = pointwise_loss(y, y, loss)
+            others = pointwise_loss(outputs[None, :], y[:, None], loss).sum(axis=1) - own
+            per_value = self.keep_probability * own + self.other_probability * others
+            total += float(np.dot(weights[rows], per_value))
+        return total
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "epsilon": self.epsilon,
+                "params": {"num_classes": self.num_classes}}  # fmt: skip
+
+    def as_finite(self) -> FiniteMechanism:
+        """The same mechanism with its K×K matrix (small K: previews, tests)."""
+        classes = np.arange(self.num_classes, dtype=np.float64)
+        matrix = rr_matrix(self.num_classes, epsilon=self.epsilon)
+        return FiniteMechanism(self.name, self.epsilon, classes, classes.copy(), matrix,
+                               {"num_classes": self.num_classes})  # fmt: skip
+
+
+def rr_from_request(request: FitRequest) -> RandomizedResponse:
     """``rr``: K-ary randomized response (Ghazi et al. 2021, §2 eq. (1)).
 
     ``request.values`` must be the class indices 0..K−1; the prior is not used.
@@ -138,11 +214,7 @@ def rr_from_request(request: FitRequest) -> FiniteMechanism:
     """
     check_params(request.params, (), "rr")
     k = _class_values(request.values)
-    eps = check_epsilon(request.epsilon)
-    classes = np.arange(k, dtype=np.float64)
-    return FiniteMechanism(
-        "rr", eps, classes, classes.copy(), rr_matrix(k, epsilon=eps), {"num_classes": k}
-    )
+    return RandomizedResponse(check_epsilon(request.epsilon), k)
 
 
 def rr_sample(

@@ -308,13 +308,6 @@ def _sample(
     rng: np.random.Generator,
     chunk_size: int,
 ) -> np.ndarray:
-    if plan.mechanism == "rr" and isinstance(plan.domain, ClassificationDomain):
-        from label_party.mechanisms.classification import rr_sample
-
-        return np.asarray(
-            rr_sample(values.astype(np.int64), plan.domain.size, epsilon=mech.epsilon, rng=rng),
-            np.float64,
-        )
     if isinstance(mech, FiniteMechanism):
         assert rows is not None and row_of_grid is not None
         chunk_rows = row_of_grid[rows[offset : offset + values.size]]

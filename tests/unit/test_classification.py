@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from label_party.mechanisms.base import FiniteMechanism, FitRequest, MechanismError
+from label_party.mechanisms.base import FiniteMechanism, FitRequest, Mechanism, MechanismError
 from label_party.mechanisms.classification import (
     TIE_RTOL,
+    RandomizedResponse,
     rr_from_request,
     rr_matrix,
     rr_sample,
@@ -34,7 +35,7 @@ def fit(
     prior: np.ndarray,
     loss: str = "zero-one",
     params: dict[str, Any] | None = None,
-) -> FiniteMechanism:
+) -> Mechanism:
     """What registry.fit does for these two, without importing every mechanism
     (the registry path is covered by test_mechanism_contract.py)."""
     request = FitRequest(
@@ -99,9 +100,36 @@ def test_rr_matrix_is_eps_dp_and_stochastic(k: int, epsilon: float) -> None:
 
 def test_rr_from_request() -> None:
     mech = fit("rr", epsilon=2.0, values=np.arange(4.0), prior=np.full(4, 0.25), loss="zero-one")
-    assert isinstance(mech, FiniteMechanism)
-    np.testing.assert_allclose(mech.matrix, rr_matrix(4, epsilon=2.0))
-    assert mech.describe()["params"] == {"num_classes": 4}
+    assert isinstance(mech, RandomizedResponse)
+    np.testing.assert_allclose(mech.as_finite().matrix, rr_matrix(4, epsilon=2.0))
+    assert mech.describe() == {"name": "rr", "epsilon": 2.0, "params": {"num_classes": 4}}
+
+
+@pytest.mark.parametrize("loss", ["zero-one", "squared", "absolute"])
+@pytest.mark.parametrize(("k", "epsilon"), [(2, 0.1), (7, 1.0), (40, 3.0)])
+def test_rr_closed_forms_match_its_matrix(k: int, epsilon: float, loss: str) -> None:
+    """Randomized response never builds its K×K matrix; its bias and noisy-label
+    loss are closed forms, which must agree with the matrix's."""
+    prior = np.random.default_rng(k).dirichlet(np.ones(k))
+    prior[0] = 0.0  # an unused class: 0·ℓ, whatever ℓ
+    prior /= prior.sum()
+    mech = RandomizedResponse(epsilon, k)
+    finite = mech.as_finite()
+    values = np.arange(k, dtype=np.float64)
+    np.testing.assert_allclose(mech.bias(values), finite.bias(values), atol=1e-9)
+    assert mech.noisy_label_loss(values, prior, loss) == pytest.approx(
+        finite.noisy_label_loss(values, prior, loss), rel=1e-10
+    )
+
+
+def test_rr_over_many_classes_is_cheap() -> None:
+    """10⁵ classes (the domain's limit): its matrix would be 80 GB; RR is (K, ε)."""
+    k = 100_000
+    mech = fit("rr", epsilon=1.0, values=np.arange(float(k)), prior=np.full(k, 1.0 / k))
+    assert mech.describe()["params"] == {"num_classes": k}
+    labels = np.arange(0, k, 7, dtype=np.float64)
+    noisy = mech.sample(labels, rng=np.random.default_rng(SEED))
+    assert noisy.shape == labels.shape and np.all((noisy >= 0) & (noisy < k))
 
 
 @pytest.mark.parametrize(
