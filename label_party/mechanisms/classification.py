@@ -236,7 +236,7 @@ def rr_sample(
     keep_prob = 1.0 / (1.0 + (k - 1) * delta)
     rng = rng if rng is not None else secure_generator()
     y_all = _check_labels(labels, k)
-    block = _block_rows(chunk_size, k)
+    block = _block_rows(chunk_size, 1)  # O(1) work a label whatever K: no K-wide rows
     out = np.empty(y_all.size, dtype=np.int64)
     for start in range(0, y_all.size, block):
         y = y_all[start : start + block]

@@ -170,3 +170,9 @@ def test_denoiser_bias_rows_per_smoothing(tmp_path: Path) -> None:
 def test_audit_verify(tmp_path: Path) -> None:
     result = _bench("bench_audit", tmp_path / "audit.json")
     assert [row["entries"] for row in result["sizes"]] == [2, 200]
+
+
+def test_rr_classes_quick(tmp_path: Path) -> None:
+    result = _bench("bench_rr_classes", tmp_path / "rr.json")
+    assert [row["classes"] for row in result["rows"]] == [10, 1000]
+    assert all(row["rr"]["manifest_bytes"] < 100 for row in result["rows"])
