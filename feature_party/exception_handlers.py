@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feature_party.errors import FeaturePartyError
 from shared.errors import (
+    ANSWERED_INSIDE,
     error_response,
     http_error_response,
     unexpected_error_response,
@@ -46,3 +47,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         return unexpected_error_response(logger, exc)
+
+    # Answered inside the middleware: the access log and metrics see the 507 or 500.
+    for kind in ANSWERED_INSIDE:
+        app.add_exception_handler(kind, _unexpected)

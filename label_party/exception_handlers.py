@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from label_party.exceptions import LabelPartyError
 from label_party.mechanisms.base import MechanismError
 from shared.errors import (
+    ANSWERED_INSIDE,
     error_response,
     http_error_response,
     unexpected_error_response,
@@ -56,6 +57,9 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(MechanismError, _mechanism)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
+    # Answered inside the middleware: the access log and metrics see the 507 or 500.
+    for kind in ANSWERED_INSIDE:
+        app.add_exception_handler(kind, _unexpected)
     app.add_exception_handler(Exception, _unexpected)
 
 

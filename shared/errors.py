@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 
 from shared.protocol import ErrorBody
 
@@ -89,10 +90,26 @@ STORAGE_ERRNOS = frozenset(
 CAPACITY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
+#: The database's own words for a full disk or a read-only file: SQLite's result
+#: codes (its file is in the data directory) and Postgres's SQLSTATE 53100.
+DATABASE_STORAGE_ERRORS = frozenset(
+    {"SQLITE_FULL", "SQLITE_IOERR_WRITE", "SQLITE_IOERR_SHMSIZE", "SQLITE_READONLY"}
+)
+
+
 def storage_problem(exc: BaseException) -> str | None:
-    """The errno's name (``ENOSPC``…) if ``exc`` is storage refusing a write, else None."""
+    """What refused a write, if ``exc`` is storage refusing one: the errno's name
+    (``ENOSPC``…), SQLite's result code (``SQLITE_FULL``…) or Postgres's SQLSTATE
+    (``53100``, disk full); else None."""
     if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
         return errno.errorcode[exc.errno]
+    if isinstance(exc, DBAPIError):
+        orig = exc.orig
+        name = getattr(orig, "sqlite_errorname", None)
+        if name in DATABASE_STORAGE_ERRORS:
+            return str(name)
+        if getattr(orig, "sqlstate", None) == "53100":  # disk_full
+            return "53100"
     return None
 
 
@@ -102,6 +119,12 @@ def storage_message(problem: str) -> str:
         f"the service could not write to its storage ({problem}): its operator must free "
         "space, raise a limit or fix permissions; retry afterwards"
     )
+
+
+#: Exceptions whose handler runs inside the middleware stack (Starlette's handler
+#: for ``Exception`` runs outside it, where the access log and the metrics see an
+#: exception, not the 507 or 500 the client got).
+ANSWERED_INSIDE: tuple[type[Exception], ...] = (OSError, DBAPIError)
 
 
 def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSONResponse:

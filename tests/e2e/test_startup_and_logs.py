@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from labeldp.processes import ServiceProcess, free_port
+from tests.file_limits import fill, full_disk
 
 PASSWORD = "pg-secret-4f9a"
 CASES = {
@@ -135,3 +136,34 @@ def test_a_second_labels_party_server_on_one_data_dir_refuses_to_start(tmp_path:
         again.wait_healthy()
     finally:
         again.stop()
+
+
+def test_a_full_disk_is_a_507_in_the_access_log_too(tmp_path: Path) -> None:
+    """The access log and the metrics record the status the client got: a 507 for a
+    write the full disk refused (it was a 500 there, and uvicorn logged an
+    exception), and the connection stays usable."""
+    token = secrets.token_urlsafe(32)
+    with full_disk(tmp_path / "small", size=16 << 20) as data:
+        service = ServiceProcess(
+            "features party",
+            ["feature-party", "serve", "--port", str(port := free_port())],
+            {"LABELDP_ADMIN_TOKEN": token, "LABELDP_DATA_DIR": str(data)},
+            tmp_path / "fp.log",
+            port,
+        )
+        service.start()
+        try:
+            service.wait_healthy()
+            fill(data)
+            headers = {"Authorization": f"Bearer {token}"}
+            rows = "example_id,x\n" + "".join(f"e{i},{i}\n" for i in range(20_000))
+            with httpx.Client(base_url=service.url, headers=headers, timeout=30) as client:
+                r = client.post("/v1/feature-sets", files={"file": ("f.csv", rows.encode())})
+                assert r.status_code == 507 and r.json()["error"] == "storage_unavailable", r.text
+                assert client.get("/healthz").status_code == 200  # the same connection
+        finally:
+            service.stop()
+    lines = [json.loads(line) for line in service.log_path.read_text().splitlines()
+             if line.startswith("{")]  # fmt: skip
+    statuses = [r["status"] for r in lines if r["message"] == "request"]
+    assert 507 in statuses and 500 not in statuses, statuses

@@ -6,9 +6,15 @@ from __future__ import annotations
 import errno
 import json
 import logging
+from pathlib import Path
 
-from shared.errors import unexpected_error_response
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
+
+from shared.errors import storage_problem, unexpected_error_response
 from shared.logging import JsonFormatter
+from tests.file_limits import fill, full_disk
 
 LOGGER = logging.getLogger("tests.storage_errors")
 
@@ -46,3 +52,20 @@ def test_the_log_names_the_errno_and_where_never_the_text() -> None:
     assert entry["exception"] == "OSError" and entry["errno"] == "ENOSPC"
     assert entry["where"].startswith(__file__)
     assert "secret-ds" not in json.dumps(entry)
+
+
+def test_a_full_sqlite_database_is_storage_refusing_a_write(tmp_path: Path) -> None:
+    """SQLite on a really full disk (a small tmpfs) says SQLITE_FULL: a 507 naming
+    it, and what the workers retry, not a bare 500."""
+    with full_disk(tmp_path / "small") as small:
+        engine = create_engine(f"sqlite:///{small / 'db.sqlite3'}")
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE t (b BLOB)"))
+        fill(small)
+        with pytest.raises(DBAPIError) as full, engine.begin() as conn:
+            conn.execute(text("INSERT INTO t VALUES (zeroblob(1000000))"))
+        engine.dispose()
+    assert storage_problem(full.value) == "SQLITE_FULL"
+    response = unexpected_error_response(LOGGER, full.value)
+    assert response.status_code == 507
+    assert json.loads(bytes(response.body))["detail"] == {"errno": "SQLITE_FULL"}
