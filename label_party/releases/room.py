@@ -6,9 +6,13 @@ repeatable query. To keep a full disk from burning budget, a release first needs
 room for a label-independent bound on its file: the labels file's ``example_id``
 column (uncompressed, from its Parquet metadata, which holds the ids' sizes and
 nothing of the labels) scaled to the scope, plus ``LABELDP_RELEASE_BYTES_PER_LABEL``
-a label for its value and Parquet's framing. The space is promised to the release
-until its file is published, so two releases in flight cannot both take the last
-of it (one server per data directory: ``shared.startup.sole_server``).
+a label for its value and Parquet's framing, plus ``COMMIT_BYTES`` for the
+database's commit (SQLite's file is in the data directory, and a commit the disk
+refuses after the file was written would be a free 500 again). The space is
+promised to the release until its file is published, so two releases in flight
+cannot both take the last of it (one server per data directory:
+``shared.startup.sole_server``). Other writers (uploads, the training worker) can
+still take it: the check makes a charged full disk rare, not impossible.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from shared.parquet import temp_path
 
 logger = logging.getLogger("label_party.releases")
 
+#: Room kept for the release's commit: its row (the mechanism's description, a
+#: matrix of up to grid × outputs entries), its audit entry and the journal.
+COMMIT_BYTES = 64 << 20
+
 _lock = threading.Lock()
 _promised = 0  # bytes promised to releases in flight in this server
 
@@ -40,7 +48,7 @@ def needed_bytes(settings: Settings, labels_file: Path, in_scope: int) -> int:
         meta.row_group(g).column(column).total_uncompressed_size for g in range(meta.num_row_groups)
     )
     per_label = id_bytes / max(meta.num_rows, 1) + settings.release_bytes_per_label
-    return int(in_scope * per_label)
+    return int(in_scope * per_label) + COMMIT_BYTES
 
 
 @contextmanager
