@@ -568,7 +568,11 @@ class LabelsPartyClient:
             body = {}
         error = str(body.get("error") or "http_error")
         message = str(body.get("message") or response.reason_phrase)
-        if response.status_code >= 500 or response.status_code == 429:
+        # 507: the labels party's storage is full, which retrying will not mend
+        # (and which spent nothing): answered, not retried.
+        if (response.status_code >= 500 and response.status_code != 507) or (
+            response.status_code == 429
+        ):
             raise _ServerError(
                 f"HTTP {response.status_code} {error}: {message}"[:300],
                 retry_after=_retry_after(response),

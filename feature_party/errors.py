@@ -9,6 +9,7 @@
     │                                release_dataset_mismatch
     ├── LabelsPartyRefusedError  4xx labels_party_refused (the labels party's 4xx)
     ├── StorageUnavailableError  507 storage_unavailable (the data directory refuses writes)
+    │   └── NoRoomError              … or plainly has no room (before any ε is spent)
     └── UpstreamError            502 labels_party_unavailable / labels_party_error /
                                      release_integrity_error
 """
@@ -68,9 +69,17 @@ class StorageUnavailableError(FeaturePartyError):
     status_code = 507
     code = "storage_unavailable"
 
-    def __init__(self, exc: OSError) -> None:
-        name = storage_problem(exc) or "OSError"
+    def __init__(self, exc: BaseException) -> None:
+        name = storage_problem(exc) or type(exc).__name__
         super().__init__(storage_message(name), {"errno": name})
+
+
+class NoRoomError(StorageUnavailableError):
+    """The data directory plainly cannot take what a request would write (checked
+    before anything is asked of the labels party)."""
+
+    def __init__(self, message: str, detail: Any = None) -> None:
+        FeaturePartyError.__init__(self, message, detail)
 
 
 def not_found(kind: str, id_: str) -> NotFoundError:

@@ -8,12 +8,14 @@ and the row is added in the request's transaction.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from feature_party.client import (
@@ -31,6 +33,7 @@ from feature_party.errors import (
     FeaturePartyError,
     InvalidInputError,
     LabelsPartyRefusedError,
+    NoRoomError,
     StorageUnavailableError,
     UpstreamError,
     no_join,
@@ -90,7 +93,17 @@ def upstream_error(
         return LabelsPartyRefusedError(
             f"the labels party refused: {exc.message}", exc.status_code, detail
         )
+    if exc.status_code == 507:  # refused, or rolled back, before it spent anything
+        return UpstreamError(
+            f"the labels party's storage is full or cannot be written; nothing was spent "
+            f"there: retry once its operator has freed space ({exc.message})",
+            code=LABELS_PARTY_STORAGE,
+            detail=detail,
+        )
     return UpstreamError(f"the labels party failed: {exc.message}", detail=detail)
+
+
+LABELS_PARTY_STORAGE = "labels_party_storage_unavailable"
 
 
 def _integrity(message: str, release_id: str) -> UpstreamError:
@@ -136,7 +149,8 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
     except UPSTREAM_ERRORS as exc:
         error = upstream_error(exc)
         charged = isinstance(error.detail, dict) and error.detail.get("error") == "release_failed"
-        if request.release is not None and (isinstance(error, UpstreamError) or charged):
+        unknown = isinstance(error, UpstreamError) and error.code != LABELS_PARTY_STORAGE
+        if request.release is not None and (unknown or charged):
             assert request.release.idempotency_key is not None  # _with_key
             raise _naming_key(error, request.release.idempotency_key) from None
         raise error from None
@@ -156,6 +170,32 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
             raise
         raise _naming_release(StorageUnavailableError(exc), manifest.id, request) from None
     return manifest
+
+
+#: Room a received release needs per label (its id, its value, Parquet's framing),
+#: and for the rest (the database's commit, a copy in flight).
+ROOM_PER_LABEL, ROOM_BASE = 128, 16 << 20
+
+
+def _check_room(settings: Settings, client: LabelsPartyClient, dataset_id: str, tmp: Path) -> None:
+    """Refuse, before the labels party spends anything, a new release this data
+    directory plainly cannot take (the dataset's label count is public)."""
+    try:
+        num_labels = int(client.get_dataset(dataset_id).get("num_labels") or 0)
+    except LabelsPartyError:  # not known here: the release request will say why
+        num_labels = 0
+    need = num_labels * ROOM_PER_LABEL + ROOM_BASE
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.touch()  # an unwritable directory fails here, not after the release
+    tmp.unlink()
+    free = shutil.disk_usage(settings.data_dir).free
+    if free < need:
+        raise NoRoomError(
+            f"the data directory has {free} bytes free; a release of {num_labels} labels "
+            f"needs about {need}: its operator must free space. Nothing was asked of the "
+            "labels party, and nothing spent",
+            detail={"free_bytes": free, "needed_bytes": need},
+        )
 
 
 def _naming_release(error: FeaturePartyError, release_id: str, request: ReceivedLabelsCreate
@@ -220,6 +260,8 @@ def receive(
         with make_client(
             settings, request.labels_party_url, request.token.get_secret_value()
         ) as client:
+            if request.release is not None:
+                _check_room(settings, client, request.dataset_id, tmp)
             manifest = _fetch(client, request, tmp)
         try:
             matched, unmatched, relative = _store(settings, feature_set, manifest, tmp)
@@ -247,7 +289,23 @@ def receive(
             unmatched=unmatched,
         )
     )
+    _commit_naming_release(session, manifest.id, request)
     return to_read(row)
+
+
+def _commit_naming_release(session: Session, release_id: str, request: ReceivedLabelsCreate
+                           ) -> None:  # fmt: skip
+    """The one commit a service here makes: the row of a release the labels party
+    has charged for. A database that refuses it (full) must answer with the release
+    and the key to fetch it again at no cost, which the request's unit of work,
+    committing after the answer was built, could not."""
+    try:
+        session.commit()
+    except DBAPIError as exc:
+        session.rollback()
+        if storage_problem(exc) is None:
+            raise
+        raise _naming_release(StorageUnavailableError(exc), release_id, request) from None
 
 
 def get(session: Session, id_: str) -> ReceivedLabelsRead:
