@@ -11,11 +11,26 @@ import errno
 import resource
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+
+def run_under_limit(command: list[str], env: Mapping[str, str], limit: int,
+                    cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``python -m …`` ``command`` to its end, its files stopping at ``limit`` bytes."""
+    return subprocess.run(
+        [sys.executable, "-m", *command],
+        env=dict(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=file_size_limit(limit),
+    )
 
 
 def file_size_limit(limit: int) -> Callable[[], None]:

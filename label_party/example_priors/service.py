@@ -40,7 +40,15 @@ from label_party.auth import Principal
 from label_party.config import Settings
 from label_party.datasets.domain import ClassificationDomain, parse_domain
 from label_party.exceptions import InvalidLabelsError, InvalidRequestError, NotFoundError
-from label_party.labels.validation import FileFormat, as_strings, mark, mark_ids, read_table, report
+from label_party.labels.validation import (
+    FileFormat,
+    as_strings,
+    mark,
+    mark_ids,
+    mark_names,
+    read_table,
+    report,
+)
 from label_party.ledger.service import lock_dataset
 from label_party.models import Dataset, PriorSet
 from label_party.storage import labels_path, write_table
@@ -108,8 +116,7 @@ def _groups_table(source: IO[bytes], fmt: FileFormat) -> tuple[pa.Table, int]:
     ids, groups = as_strings(table.column("example_id")), as_strings(table.column("group"))
     reasons = np.zeros(table.num_rows, dtype=np.int8)
     mark_ids(reasons, ids)
-    mark(reasons, pc.fill_null(pc.equal(groups, ""), True), 3)
-    mark(reasons, pc.fill_null(pc.greater(pc.utf8_length(groups), MAX_GROUP_NAME), False), 4)
+    mark_names(reasons, groups, MAX_GROUP_NAME)
     report(reasons, GROUP_REASONS)
     num_groups = len(pc.unique(groups))
     if num_groups > MAX_GROUPS:

@@ -238,6 +238,13 @@ def mark(reasons: np.ndarray, mask: pa.ChunkedArray | pa.Array | np.ndarray, cod
     reasons[mask & (reasons == 0)] = code
 
 
+def mark_names(reasons: np.ndarray, names: pa.ChunkedArray | pa.Array, max_length: int) -> None:
+    """Reasons 3 (a missing or empty name) and 4 (one over ``max_length``) for a
+    column of names (a plan's parts, a prior set's groups)."""
+    mark(reasons, pc.fill_null(pc.equal(names, ""), True), 3)
+    mark(reasons, pc.fill_null(pc.greater(pc.utf8_length(names), max_length), False), 4)
+
+
 def validate(
     table: pa.Table, domain: RegressionDomain | ClassificationDomain
 ) -> tuple[pa.Table, int]:

@@ -29,8 +29,8 @@ from label_party.exceptions import ConflictError, InvalidRequestError
 from label_party.labels.validation import (
     FileFormat,
     as_strings,
-    mark,
     mark_ids,
+    mark_names,
     read_table,
     report,
 )
@@ -99,8 +99,7 @@ def _parse(source: IO[bytes], fmt: FileFormat) -> tuple[pa.Table, dict[str, int]
     ids, parts = as_strings(table.column("example_id")), as_strings(table.column("part"))
     reasons = np.zeros(table.num_rows, dtype=np.int8)
     mark_ids(reasons, ids)
-    mark(reasons, pc.fill_null(pc.equal(parts, ""), True), 3)
-    mark(reasons, pc.fill_null(pc.greater(pc.utf8_length(parts), MAX_PART_NAME), False), 4)
+    mark_names(reasons, parts, MAX_PART_NAME)
     report(reasons, REASONS)
     counts = pc.value_counts(parts).flatten()
     if len(counts[0]) > MAX_PARTS:

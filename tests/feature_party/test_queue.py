@@ -24,7 +24,7 @@ from feature_party.jobs.worker import Worker
 from feature_party.orm import Job, Model, utcnow
 from shared.lease_queue import LeaseQueue
 from tests.feature_party.conftest import ADMIN, add_jobs, make_settings, seed_inputs
-from tests.file_limits import file_size_limit
+from tests.file_limits import run_under_limit
 
 TINY = {"epochs": 1, "batch_size": 128, "hidden": [8], "validation_fraction": 0.0}
 
@@ -163,15 +163,22 @@ def test_workers_give_up_on_jobs_that_keep_killing_them(db: tuple[Database, Sett
         assert job.status == Status.FAILED and "stopped responding" in (job.error or "")
 
 
-@pytest.mark.postgres
-@pytest.mark.slow
-def test_two_worker_processes_on_postgres(postgres_url: str, tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, database_url=postgres_url)
-    database = Database(postgres_url)
+def _clean_postgres(url: str, tmp_path: Path) -> tuple[Settings, Database]:
+    """Settings and a migrated database with an empty queue (the session's Postgres
+    database is shared by the tests)."""
+    settings = make_settings(tmp_path, database_url=url)
+    database = Database(url)
     migrate(database.engine)
     with database.session() as session:
         session.query(Model).delete()
         session.query(Job).delete()
+    return settings, database
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_two_worker_processes_on_postgres(postgres_url: str, tmp_path: Path) -> None:
+    settings, database = _clean_postgres(postgres_url, tmp_path)
     fs, labels = seed_inputs(database, settings, n=300)
     ids = add_jobs(database, fs, labels, 6, **TINY)
     env = {
@@ -264,12 +271,7 @@ def test_a_job_storage_refused_is_left_to_retry_not_failed(
     process runs under ``ulimit -f``) stays running until its lease lapses, without
     using up an attempt (a disk full for long must not fail it), and the next worker
     trains it. Postgres: on SQLite the limit refuses the database too."""
-    settings = make_settings(tmp_path, database_url=postgres_url)
-    database = Database(postgres_url)
-    migrate(database.engine)
-    with database.session() as session:
-        session.query(Model).delete()
-        session.query(Job).delete()
+    settings, database = _clean_postgres(postgres_url, tmp_path)
     fs, labels = seed_inputs(database, settings, n=200)
     [job_id] = add_jobs(database, fs, labels, 1, **TINY)
     env = {
@@ -278,14 +280,8 @@ def test_a_job_storage_refused_is_left_to_retry_not_failed(
         "LABELDP_DATA_DIR": str(settings.data_dir),
         "OMP_NUM_THREADS": "1",
     }
-    worker = subprocess.run(
-        [sys.executable, "-m", "feature_party", "worker", "--once", "--id", "full-disk"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=file_size_limit(2 << 10),
-    )
+    worker = run_under_limit(["feature_party", "worker", "--once", "--id", "full-disk"], env,
+                             2 << 10)  # fmt: skip
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert "left to retry" in worker.stderr and "EFBIG" in worker.stderr, worker.stderr[-3000:]
     with database.session() as session:

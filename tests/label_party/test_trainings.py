@@ -11,8 +11,6 @@ import logging
 import math
 import os
 import shutil
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -33,7 +31,7 @@ from label_party.storage import TRAININGS_GRACE_SECONDS
 from label_party.trainings.worker import Worker
 from shared.torch_models import build_model, model_config_from_dict
 from tests.cuda import needs_cuda
-from tests.file_limits import file_size_limit
+from tests.file_limits import run_under_limit
 from tests.label_party.conftest import Server
 from tests.label_party.helpers import create_client, parquet_bytes, upload_labels
 
@@ -808,15 +806,8 @@ def test_a_training_storage_refused_is_left_to_retry_not_failed(
     _admin, client, dataset_id, ids, labels = granted
     training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5,
                       idempotency_key="full-disk", **CHEAP).json()  # fmt: skip
-    worker = subprocess.run(
-        [sys.executable, "-m", "labeldp", "label-party", "worker", "--once", "--id", "full-disk"],
-        env=server.env,
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=file_size_limit(2 << 10),
-    )
+    command = ["labeldp", "label-party", "worker", "--once", "--id", "full-disk"]
+    worker = run_under_limit(command, server.env, 2 << 10, cwd=Path(__file__).resolve().parents[2])
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert "left to retry" in worker.stderr and "EFBIG" in worker.stderr, worker.stderr[-3000:]
     left = client.get(f"/v1/trainings/{training['id']}").json()
