@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
+from pathlib import Path
 
 import pyarrow.parquet as pq
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
@@ -112,3 +115,25 @@ def to_read(job: Job) -> JobRead:
         started_at=job.started_at,
         finished_at=job.finished_at,
     )
+
+
+def sweep_finished(session: Session, data_dir: Path) -> int:
+    """Delete what jobs that never run again (final) left behind: checkpoints,
+    partial writes and multi-GPU run files, which a worker that died, or left a job
+    to its lease when the disk was full and saw it cancelled, could not. Their
+    models stay. Run at start-up; returns the number of paths removed."""
+    jobs_dir = data_dir / "jobs"
+    if not jobs_dir.is_dir():
+        return 0
+    final = [s.value for s in Status if s.is_final]
+    finished = set(session.scalars(select(Job.id).where(Job.status.in_(final))))
+    removed = 0
+    for job_dir in (d for d in jobs_dir.iterdir() if d.name in finished):
+        for path in [job_dir / "checkpoint.pt", *job_dir.glob(".*.partial")]:
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                removed += 1
+        if (job_dir / "run").is_dir():
+            shutil.rmtree(job_dir / "run", ignore_errors=True)
+            removed += 1
+    return removed

@@ -18,7 +18,7 @@ from feature_party.jobs.status import Status
 from feature_party.jobs.worker import Worker
 from feature_party.orm import Job
 from tests.cuda import needs_cuda
-from tests.feature_party.conftest import add_jobs, make_settings, seed_inputs
+from tests.feature_party.conftest import add_jobs, make_settings, running_service, seed_inputs
 
 LONG = {"epochs": 200, "batch_size": 16, "hidden": [8], "early_stopping_patience": None}
 
@@ -125,3 +125,36 @@ def test_a_gpu_job_trains_on_the_gpu(
     assert job.status == Status.SUCCEEDED, job.error
     assert job.metrics is not None and str(job.metrics["device"]).startswith("cuda")
     assert job.metrics["embedding_updates"] == "dense"  # the GPU's faster update
+
+
+def test_start_up_deletes_what_finished_jobs_left_behind(tmp_path: Path) -> None:
+    """A worker that died, or left a job to its lease on a full disk before the job
+    was cancelled, cannot delete its checkpoint: the next start does, for jobs that
+    never run again, and keeps their models and everything of a running job."""
+    settings = make_settings(tmp_path)
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    fs, labels = seed_inputs(database, settings, n=50)
+    cancelled, succeeded, running = add_jobs(database, fs, labels, 3, epochs=1)
+    with database.session() as session:
+        for job_id, status in ((cancelled, Status.CANCELLED), (succeeded, Status.SUCCEEDED),
+                               (running, Status.RUNNING)):  # fmt: skip
+            job = session.get(Job, job_id)
+            assert job is not None
+            job.status = status
+    left: dict[str, list[Path]] = {}
+    for job_id in (cancelled, succeeded, running):
+        job_dir = settings.data_dir / "jobs" / job_id
+        (job_dir / "run").mkdir(parents=True)
+        left[job_id] = [job_dir / "checkpoint.pt", job_dir / ".checkpoint.pt.ab12.partial",
+                        job_dir / "model-1.pt"]  # fmt: skip
+        for path in left[job_id]:
+            path.write_bytes(b"x")
+    database.dispose()
+    with running_service(settings) as client:
+        assert client.get("/healthz").status_code == 200
+    for job_id in (cancelled, succeeded):
+        checkpoint, partial, model = left[job_id]
+        assert not checkpoint.exists() and not partial.exists() and model.exists()
+        assert not (settings.data_dir / "jobs" / job_id / "run").exists()
+    assert all(path.exists() for path in left[running])
