@@ -55,7 +55,9 @@ from label_party.mechanisms.base import (
 
 __all__ = [
     "TIE_RTOL",
+    "RRTopK",
     "RandomizedResponse",
+    "loss_sums",
     "rr_from_request",
     "rr_matrix",
     "rr_sample",
@@ -134,6 +136,27 @@ def rr_matrix(num_classes: int, *, epsilon: float) -> FloatArray:
     return m
 
 
+def loss_sums(labels: FloatArray, outputs: FloatArray, loss: Loss) -> FloatArray:
+    """Σ_{o ∈ outputs} ℓ(o, y) for each label y, in O((n + m) log m) for m sorted,
+    distinct ``outputs`` (class indices) — never the n×m table, so randomized
+    response over 10⁵ classes describes itself in milliseconds."""
+    y = np.asarray(labels, dtype=np.float64)
+    o = np.asarray(outputs, dtype=np.float64)
+    if loss == "zero-one":
+        result: FloatArray = o.size - np.isin(y, o).astype(np.float64)
+    elif loss == "squared":
+        result = np.square(o).sum() - 2 * y * o.sum() + o.size * np.square(y)
+    elif loss == "absolute":
+        below = np.searchsorted(o, y, side="right")
+        prefix = np.concatenate([[0.0], np.cumsum(o)])
+        result = y * below - prefix[below] + (prefix[-1] - prefix[below]) - y * (o.size - below)
+    else:  # Poisson: ŷ − y·log ŷ, infinite at ŷ = 0 unless y = 0 (pointwise_loss)
+        positive = o[o > 0]
+        finite = o.sum() - y * np.log(positive).sum()
+        result = np.where((y > 0) & (o.size > positive.size), np.inf, finite)
+    return result
+
+
 @dataclass(frozen=True, eq=False)
 class RandomizedResponse(Mechanism):
     """RR_ε over K classes, given by (K, ε) alone: its K×K matrix is never built
@@ -176,26 +199,20 @@ class RandomizedResponse(Mechanism):
         return result
 
     def noisy_label_loss(self, values: FloatArray, prior: FloatArray, loss: Loss) -> float:
-        """E ℓ(M(y), y) = keep·ℓ(y, y) + other·Σ_{o≠y} ℓ(o, y), over y ~ prior; a
-        block of values at a time, so memory stays O(K) per value."""
-        y_all = np.asarray(values, dtype=np.float64)
+        """E ℓ(M(y), y) = keep·ℓ(y, y) + other·Σ_{o≠y} ℓ(o, y), over y ~ prior."""
+        y = np.asarray(values, dtype=np.float64)
         weights = np.asarray(prior, dtype=np.float64)
-        outputs = np.arange(self.num_classes, dtype=np.float64)
-        block = _block_rows(DEFAULT_CHUNK, self.num_classes)
-        total = 0.0
-        used = np.flatnonzero(weights > 0)  # 0·∞ is 0: unused values may cost ∞
-        for start in range(0, used.size, block):
-            rows = used[start : start + block]
-            y = y_all[rows]
-            own = pointwise_loss(y, y, loss)
-            others = pointwise_loss(outputs[None, :], y[:, None], loss).sum(axis=1) - own
-            per_value = self.keep_probability * own + self.other_probability * others
-            total += float(np.dot(weights[rows], per_value))
-        return total
+        used = weights > 0  # 0·∞ is 0: unused values may cost ∞
+        own = pointwise_loss(y[used], y[used], loss)
+        others = loss_sums(y[used], np.arange(self.num_classes, dtype=np.float64), loss) - own
+        per_value = self.keep_probability * own + self.other_probability * others
+        return float(np.dot(weights[used], per_value))
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "epsilon": self.epsilon,
-                "params": {"num_classes": self.num_classes}}  # fmt: skip
+        # inputs and outputs (O(K)) for features parties that read K from them
+        classes = list(range(self.num_classes))
+        return {"name": self.name, "epsilon": self.epsilon, "inputs": classes,
+                "outputs": classes, "params": {"num_classes": self.num_classes}}  # fmt: skip
 
     def as_finite(self) -> FiniteMechanism:
         """The same mechanism with its K×K matrix (small K: previews, tests)."""
@@ -353,11 +370,100 @@ def rr_top_k_matrix(order: IntArray, k: int, *, epsilon: float) -> FloatArray:
     return m
 
 
-def rr_with_prior_from_request(request: FitRequest) -> FiniteMechanism:
+@dataclass(frozen=True, eq=False)
+class RRTopK(Mechanism):
+    """RRTop-k (Algorithm 1) over K classes with Y_k = ``top``, given by (K, ε, Y_k):
+    its K×K matrix (:func:`rr_top_k_matrix`) is never built, so a release over 10⁵
+    classes neither holds nor stores it. :meth:`as_finite` is the matrix form."""
+
+    epsilon: float
+    num_classes: int
+    top: tuple[int, ...]
+    k_star: int
+    name: str = "rr-with-prior"
+
+    @property
+    def keep_probability(self) -> float:
+        """For a label in Y_k: e^ε/(e^ε+k−1); each other member of Y_k: e^{−ε} times it."""
+        return 1.0 / (1.0 + (len(self.top) - 1) * math.exp(-self.epsilon))
+
+    def _position(self) -> IntArray:
+        """Each class's index in Y_k, or −1."""
+        position = np.full(self.num_classes, -1, dtype=np.int64)
+        position[list(self.top)] = np.arange(len(self.top))
+        return position
+
+    def sample(
+        self,
+        labels: FloatArray,
+        *,
+        rng: np.random.Generator | None = None,
+        chunk_size: int = DEFAULT_CHUNK,
+    ) -> FloatArray:
+        rng = rng if rng is not None else secure_generator()
+        y_all = _check_labels(np.asarray(labels), self.num_classes)
+        top, position, k = np.asarray(self.top, dtype=np.int64), self._position(), len(self.top)
+        out = np.empty(y_all.size, dtype=np.float64)
+        block = _block_rows(chunk_size, 1)
+        for start in range(0, y_all.size, block):
+            pos = position[y_all[start : start + block]]
+            keep = (pos >= 0) & (rng.random(pos.size) < self.keep_probability)
+            # Another member of Y_k: uniform over Y_k minus the label's own (if in it).
+            draw = rng.integers(0, max(k - 1, 1), size=pos.size)  # k = 1: always kept
+            draw += (pos >= 0) & (draw >= pos)
+            outside = pos < 0
+            draw[outside] = rng.integers(0, k, size=int(outside.sum()))
+            chosen = top[np.minimum(draw, k - 1)]
+            out[start : start + pos.size] = np.where(keep, top[np.maximum(pos, 0)], chosen)
+        return out
+
+    def bias(self, values: FloatArray) -> FloatArray:
+        """E[M(y)] − y: keep·y + other·(ΣY_k − y) − y inside Y_k, mean(Y_k) − y outside."""
+        y = np.asarray(values, dtype=np.float64)
+        inside = self._position()[y.astype(np.int64)] >= 0
+        total, k = float(sum(self.top)), len(self.top)
+        other = self.keep_probability * math.exp(-self.epsilon)
+        expected = np.where(inside, self.keep_probability * y + other * (total - y), total / k)
+        result: FloatArray = expected - y
+        return result
+
+    def noisy_label_loss(self, values: FloatArray, prior: FloatArray, loss: Loss) -> float:
+        """keep·ℓ(y, y) + other·Σ_{o∈Y_k, o≠y} ℓ(o, y) inside Y_k, the mean of ℓ(o, y)
+        over Y_k outside, over y ~ prior."""
+        weights = np.asarray(prior, dtype=np.float64)
+        used = weights > 0  # 0·∞ is 0: unused values may cost ∞
+        y = np.asarray(values, dtype=np.float64)[used]
+        inside = self._position()[y.astype(np.int64)] >= 0
+        sums = loss_sums(y, np.sort(np.asarray(self.top, np.float64)), loss)
+        own = pointwise_loss(y, y, loss)
+        other = self.keep_probability * math.exp(-self.epsilon)
+        with np.errstate(invalid="ignore"):  # ∞ − ∞ only where the branch is not taken
+            kept = self.keep_probability * own + other * (sums - own)
+        per_value = np.where(inside, kept, sums / len(self.top))
+        return float(np.dot(weights[used], per_value))
+
+    def describe(self) -> dict[str, Any]:
+        params = {"num_classes": self.num_classes, "k": len(self.top),
+                  "top_k": list(self.top), "k_star": self.k_star}  # fmt: skip
+        classes = list(range(self.num_classes))
+        return {"name": self.name, "epsilon": self.epsilon, "inputs": classes,
+                "outputs": classes, "params": params}  # fmt: skip
+
+    def as_finite(self) -> FiniteMechanism:
+        """The same mechanism with its K×K matrix (small K: previews, tests)."""
+        rest = [c for c in range(self.num_classes) if c not in set(self.top)]
+        order = np.asarray([*self.top, *rest], dtype=np.int64)
+        classes = np.arange(self.num_classes, dtype=np.float64)
+        matrix = rr_top_k_matrix(order, len(self.top), epsilon=self.epsilon)
+        return FiniteMechanism(self.name, self.epsilon, classes, classes.copy(), matrix,
+                               self.describe()["params"])  # fmt: skip
+
+
+def rr_with_prior_from_request(request: FitRequest) -> RRTopK:
     """``rr-with-prior``: RRWithPrior for one example's prior (Algorithm 2).
 
     ``request.values`` are the class indices 0..K−1 and ``request.prior`` the
-    example's prior over them (already DP, or public). The matrix is RRTop-k*
+    example's prior over them (already DP, or public). The mechanism is RRTop-k*
     with k* from :func:`top_k_sets`; ``params={"k": k}`` forces RRTop-k with that k
     instead. ε-DP under substitution of the example's label (Lemma 1, Corollary
     2); spends ``request.epsilon`` on each example randomized. ``describe()``
@@ -365,19 +471,14 @@ def rr_with_prior_from_request(request: FitRequest) -> FiniteMechanism:
     """
     check_params(request.params, {"k"}, "rr-with-prior")
     num = _class_values(request.values)
-    values, prior = validate_prior(request.values, request.prior)
+    _values, prior = validate_prior(request.values, request.prior)
     eps = check_epsilon(request.epsilon)
     k_star, order = top_k_sets(prior[None, :], epsilon=eps)
     k: Any = request.params.get("k", int(k_star[0]))
-    matrix = rr_top_k_matrix(order[0], k, epsilon=eps)
-    k = int(k)
-    params: dict[str, Any] = {
-        "num_classes": num,
-        "k": k,
-        "top_k": [int(c) for c in order[0, :k]],
-        "k_star": int(k_star[0]),
-    }
-    return FiniteMechanism("rr-with-prior", eps, values, values.copy(), matrix, params)
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= num:
+        raise MechanismError(f"k must be an integer in [1, {num}], got {k!r}")
+    top = tuple(int(c) for c in order[0, : int(k)])
+    return RRTopK(eps, num, top, int(k_star[0]))
 
 
 def rr_with_prior_sample(

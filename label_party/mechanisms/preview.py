@@ -20,11 +20,11 @@ from label_party.mechanisms.base import (
     MechanismError,
     validate_prior,
 )
-from label_party.mechanisms.classification import RandomizedResponse
+from label_party.mechanisms.classification import RandomizedResponse, RRTopK
 from label_party.mechanisms.registry import fit, get_spec
 
-#: Randomized response over more classes previews without its K×K matrix
-#: (``outputs`` and ``matrix`` null): (K, ε) say it all.
+#: Randomized response (and RRTop-k) over more classes previews without its K×K
+#: matrix (``outputs`` and ``matrix`` null): its parameters say it all.
 PREVIEW_MAX_CLASSES = 1000
 
 
@@ -41,9 +41,9 @@ def preview(
     """Fit ``mechanism`` and report outputs, matrix, noisy-label loss and bias.
 
     ``noisy_label_loss`` is E[ℓ(ŷ, y)] with y drawn from ``prior``; ``max_abs_bias``
-    is max over ``values`` of |E[M(y)] − y|. Continuous mechanisms, and ``rr`` over
-    more than ``PREVIEW_MAX_CLASSES`` classes, report ``None`` for ``outputs`` and
-    ``matrix``. ``seconds`` is the fitting time only. ``selected``
+    is max over ``values`` of |E[M(y)] − y|. Continuous mechanisms, and ``rr`` or
+    ``rr-with-prior`` over more than ``PREVIEW_MAX_CLASSES`` classes, report
+    ``None`` for ``outputs`` and ``matrix``. ``seconds`` is the fitting time only. ``selected``
     and ``params`` describe the fitted mechanism (``auto`` names its choice and why).
     """
     spec = get_spec(mechanism)
@@ -63,7 +63,9 @@ def preview(
     fitted = fit(mechanism, epsilon=epsilon, values=v, prior=p, loss=loss_name, params=options)
     seconds = time.perf_counter() - start
     outputs = matrix = None
-    if isinstance(fitted, RandomizedResponse) and fitted.num_classes <= PREVIEW_MAX_CLASSES:
+    if isinstance(fitted, RandomizedResponse | RRTopK) and (
+        fitted.num_classes <= PREVIEW_MAX_CLASSES
+    ):
         fitted = fitted.as_finite()
     if isinstance(fitted, FiniteMechanism):
         outputs, matrix = fitted.outputs.tolist(), fitted.matrix.tolist()

@@ -175,4 +175,5 @@ def test_audit_verify(tmp_path: Path) -> None:
 def test_rr_classes_quick(tmp_path: Path) -> None:
     result = _bench("bench_rr_classes", tmp_path / "rr.json")
     assert [row["classes"] for row in result["rows"]] == [10, 1000]
-    assert all(row["rr"]["manifest_bytes"] < 100 for row in result["rows"])
+    large = result["rows"][-1]
+    assert large["rr"]["manifest_bytes"] * 100 < large["matrix"]["manifest_bytes"]

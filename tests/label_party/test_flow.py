@@ -193,8 +193,14 @@ def test_classification_releases(server: Server) -> None:
     assert r.status_code == 201, r.text
     labels = pq.read_table(io.BytesIO(admin.get(f"/v1/releases/{r.json()['id']}/labels").content))
     assert set(labels.column("label").to_pylist()) <= {0.0, 1.0, 2.0}
+    # Given by its parameters, not its K×K matrix; its outputs say K to features
+    # parties that read it there.
+    described = r.json()["mechanism"]
+    assert described["matrix"] is None and described["outputs"] == [0, 1, 2]
+    assert described["params"]["num_classes"] == 3
     r = release(admin, ds, 1.0, mechanism={"name": "rr-with-prior"}, prior_epsilon=0.25)
     assert r.status_code == 201, r.text
+    assert r.json()["mechanism"]["outputs"] == [0, 1, 2] and r.json()["mechanism"]["matrix"] is None
     assert r.json()["prior_epsilon"] == 0.25 and r.json()["mechanism"]["epsilon"] == 0.75
     assert r.json()["task"] == "classification"
     wrong = release(admin, ds, 1.0, mechanism={"name": "laplace"})

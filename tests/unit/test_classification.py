@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from label_party.mechanisms.base import FiniteMechanism, FitRequest, Mechanism, MechanismError
+from label_party.mechanisms import registry
+from label_party.mechanisms.base import FiniteMechanism, FitRequest, MechanismError
 from label_party.mechanisms.classification import (
     TIE_RTOL,
     RandomizedResponse,
+    RRTopK,
     rr_from_request,
     rr_matrix,
     rr_sample,
@@ -35,8 +37,8 @@ def fit(
     prior: np.ndarray,
     loss: str = "zero-one",
     params: dict[str, Any] | None = None,
-) -> Mechanism:
-    """What registry.fit does for these two, without importing every mechanism
+) -> FiniteMechanism:
+    """What registry.fit does for these two, as their matrix, without importing every mechanism
     (the registry path is covered by test_mechanism_contract.py)."""
     request = FitRequest(
         epsilon=epsilon,
@@ -45,7 +47,10 @@ def fit(
         loss="zero-one" if loss == "zero-one" else "squared",
         params=dict(params or {}),
     )
-    return FACTORIES[name](request)
+    mech = FACTORIES[name](request)
+    # Both are given by their parameters, never their K×K matrix (tested below against
+    # it): the tests of the matrix ask for it.
+    return mech.as_finite()
 
 
 def _random_priors(rng: np.random.Generator, count: int, k: int) -> np.ndarray:
@@ -99,33 +104,52 @@ def test_rr_matrix_is_eps_dp_and_stochastic(k: int, epsilon: float) -> None:
 
 
 def test_rr_from_request() -> None:
-    mech = fit("rr", epsilon=2.0, values=np.arange(4.0), prior=np.full(4, 0.25), loss="zero-one")
+    mech = registry.fit("rr", epsilon=2.0, values=np.arange(4.0), prior=np.full(4, 0.25))
     assert isinstance(mech, RandomizedResponse)
     np.testing.assert_allclose(mech.as_finite().matrix, rr_matrix(4, epsilon=2.0))
-    assert mech.describe() == {"name": "rr", "epsilon": 2.0, "params": {"num_classes": 4}}
+    assert mech.describe() == {"name": "rr", "epsilon": 2.0, "inputs": [0, 1, 2, 3],
+                               "outputs": [0, 1, 2, 3], "params": {"num_classes": 4}}  # fmt: skip
 
 
-@pytest.mark.parametrize("loss", ["zero-one", "squared", "absolute"])
+@pytest.mark.parametrize("loss", ["zero-one", "squared", "absolute", "poisson"])
 @pytest.mark.parametrize(("k", "epsilon"), [(2, 0.1), (7, 1.0), (40, 3.0)])
-def test_rr_closed_forms_match_its_matrix(k: int, epsilon: float, loss: str) -> None:
-    """Randomized response never builds its K×K matrix; its bias and noisy-label
-    loss are closed forms, which must agree with the matrix's."""
-    prior = np.random.default_rng(k).dirichlet(np.ones(k))
-    prior[0] = 0.0  # an unused class: 0·ℓ, whatever ℓ
+@pytest.mark.parametrize("name", ["rr", "rr-with-prior"])
+def test_closed_forms_match_the_matrix(name: str, k: int, epsilon: float, loss: str) -> None:
+    """RR and RRTop-k never build their K×K matrix; their bias and noisy-label loss
+    are closed forms (``loss_sums``), which must agree with the matrix's."""
+    rng = np.random.default_rng(k)
+    prior = rng.dirichlet(np.full(k, 0.3))
+    prior[0] = 0.0  # an unused class: 0·ℓ, whatever ℓ (Poisson's ℓ(0, y) is ∞)
     prior /= prior.sum()
-    mech = RandomizedResponse(epsilon, k)
-    finite = mech.as_finite()
     values = np.arange(k, dtype=np.float64)
+    mech = registry.fit(name, epsilon=epsilon, values=values, prior=prior)
+    assert isinstance(mech, RandomizedResponse | RRTopK)
+    finite = mech.as_finite()
     np.testing.assert_allclose(mech.bias(values), finite.bias(values), atol=1e-9)
-    assert mech.noisy_label_loss(values, prior, loss) == pytest.approx(
-        finite.noisy_label_loss(values, prior, loss), rel=1e-10
-    )
+    ours, theirs = (m.noisy_label_loss(values, prior, loss) for m in (mech, finite))
+    assert ours == pytest.approx(theirs, rel=1e-10) or (math.isinf(ours) and math.isinf(theirs))
+
+
+def test_rr_top_k_samples_follow_its_matrix() -> None:
+    """Inside Y_k, outside it, and k = 1 (always the one class)."""
+    rng = np.random.default_rng(SEED)
+    k_classes = 6
+    for k in (1, 3):
+        mech = RRTopK(1.0, k_classes, tuple(range(2, 2 + k)), k)
+        labels = rng.integers(0, k_classes, size=120_000)
+        noisy = mech.sample(labels.astype(np.float64), rng=rng, chunk_size=50_000)
+        observed = np.zeros((k_classes, k_classes))
+        np.add.at(observed, (labels, noisy.astype(np.int64)), 1.0)
+        expected = mech.as_finite().matrix * np.bincount(labels, minlength=k_classes)[:, None]
+        used = expected.sum(axis=0) > 0
+        assert np.all(observed[:, ~used] == 0)
+        assert _chi_square_pvalue(observed[:, used], expected[:, used]) > 1e-4
 
 
 def test_rr_over_many_classes_is_cheap() -> None:
     """10⁵ classes (the domain's limit): its matrix would be 80 GB; RR is (K, ε)."""
     k = 100_000
-    mech = fit("rr", epsilon=1.0, values=np.arange(float(k)), prior=np.full(k, 1.0 / k))
+    mech = registry.fit("rr", epsilon=1.0, values=np.arange(float(k)), prior=np.full(k, 1.0 / k))
     assert mech.describe()["params"] == {"num_classes": k}
     labels = np.arange(0, k, 7, dtype=np.float64)
     noisy = mech.sample(labels, rng=np.random.default_rng(SEED))

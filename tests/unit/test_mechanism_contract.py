@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from label_party.mechanisms.base import FiniteMechanism, MechanismError
-from label_party.mechanisms.classification import RandomizedResponse
+from label_party.mechanisms.classification import RandomizedResponse, RRTopK
 from label_party.mechanisms.registry import MECHANISMS, fit
 
 RNG_SEED = 20261122
@@ -53,7 +53,7 @@ def test_every_finite_private_mechanism_has_a_contract_case() -> None:
 def fitted(request: pytest.FixtureRequest) -> tuple[FiniteMechanism, np.ndarray]:
     name, eps, values, prior, loss, params = request.param
     mech = fit(name, epsilon=eps, values=values, prior=prior, loss=loss, params=params)
-    if isinstance(mech, RandomizedResponse):  # (K, ε) alone; its matrix on request
+    if isinstance(mech, RandomizedResponse | RRTopK):  # parameters; their matrix on request
         mech = mech.as_finite()
     assert isinstance(mech, FiniteMechanism)
     return mech, prior
