@@ -113,6 +113,18 @@ def storage_problem(exc: BaseException) -> str | None:
     return None
 
 
+#: Of the storage problems, those that freeing space mends (a full disk, a quota, a
+#: full database): work refused for them is retried for as long as they last; for
+#: the others (permissions, a read-only mount, a file-size limit) it has its
+#: attempts, as any failure.
+DISK_FULL = frozenset({"ENOSPC", "EDQUOT", "SQLITE_FULL", "53100"})
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the database on it) has no room left."""
+    return storage_problem(exc) in DISK_FULL
+
+
 def storage_message(problem: str) -> str:
     """What a 507 ``storage_unavailable`` says (``problem``: the errno's name)."""
     return (

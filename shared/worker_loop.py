@@ -72,11 +72,12 @@ def _single_sqlite_worker(data_dir: Path) -> Iterator[None]:
 
 def left_to_retry(exc: BaseException, fields: dict[str, Any]) -> bool:
     """Whether ``exc`` is storage refusing a write (logged so, with ``fields``).
-    That is the operator's to fix, not the item's: the caller gives the claim's
-    attempt back (``LeaseQueue.forgive``) and leaves the item running, so its lease
-    runs out and a worker claims it again and goes on from its last checkpoint,
-    every lease period until the disk has room, rather than failing work that may
-    have been paid for."""
+    That is the operator's to fix, not the item's: the caller leaves the item
+    running, so its lease runs out and a worker claims it again and goes on from its
+    last checkpoint, rather than failing work that may have been paid for. When the
+    disk is full (``shared.errors.disk_full``) the caller also gives the claim's
+    attempt back (``LeaseQueue.forgive``): that is retried every lease period until
+    there is room; a permission or a file-size limit keeps its attempts."""
     if storage_problem(exc) is None:
         return False
     log.error(

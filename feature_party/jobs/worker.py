@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from feature_party.config import Settings
 from feature_party.db import Database
 from feature_party.jobs.repository import JobRepository
@@ -34,6 +36,7 @@ from feature_party.orm import FeatureSet, Model, ReceivedLabels
 from feature_party.training import distributed
 from feature_party.training.loop import Interrupted, Progress, resolve_device
 from feature_party.training.runner import RunSpec, execute
+from shared.errors import disk_full
 from shared.logging import exception_fields
 from shared.worker_loop import PollingWorker, left_to_retry
 
@@ -150,8 +153,7 @@ class Worker(PollingWorker):
             beat.join()
             Path(spec.artifact_path).unlink(missing_ok=True)
             if left_to_retry(exc, {"job_id": job_id}):
-                with self.db.session() as session:
-                    JobRepository(session).forgive(job_id, self.worker_id)
+                self._forgive(job_id, exc)
                 return
             log.error("job failed", extra={"fields": {"job_id": job_id, **exception_fields(exc)}})
             with self.db.session() as session:
@@ -161,7 +163,23 @@ class Worker(PollingWorker):
             return
         shared.stop.set()
         beat.join()
-        self._record_success(job_id, spec, metrics, shared.progress)
+        try:
+            self._record_success(job_id, spec, metrics, shared.progress)
+        except DBAPIError as exc:  # its row: the model's file is written already
+            if not left_to_retry(exc, {"job_id": job_id}):
+                raise
+            self._forgive(job_id, exc)
+
+    def _forgive(self, job_id: str, exc: BaseException) -> None:
+        """Give the attempt back when the disk is full (``shared.errors.disk_full``);
+        a database too full to take even that leaves the attempt counted."""
+        if not disk_full(exc):
+            return
+        try:
+            with self.db.session() as session:
+                JobRepository(session).forgive(job_id, self.worker_id)
+        except DBAPIError:
+            log.exception("could not give job %s its attempt back", job_id)
 
     def _check_stop(self, shared: _Shared) -> None:
         if shared.stop.is_set() or self.shutdown.is_set():

@@ -22,7 +22,16 @@ router = APIRouter(
             "description": "invalid input, no_join, release_dataset_mismatch, or "
             "labels_party_refused (the labels party's own 4xx: its status and detail)",
         },
-        502: {"model": ErrorBody, "description": "labels party down or failing, or hash mismatch"},
+        502: {
+            "model": ErrorBody,
+            "description": "labels party down, failing or out of storage "
+            "(labels_party_storage_unavailable), or hash mismatch",
+        },
+        507: {
+            "model": ErrorBody,
+            "description": "storage_unavailable: this service's disk is full or cannot be "
+            "written (before asking for a release, or naming the release it made)",
+        },
     },
 )
 

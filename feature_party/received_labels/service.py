@@ -93,10 +93,10 @@ def upstream_error(
         return LabelsPartyRefusedError(
             f"the labels party refused: {exc.message}", exc.status_code, detail
         )
-    if exc.status_code == 507:  # refused, or rolled back, before it spent anything
+    if exc.status_code == 507:
         return UpstreamError(
-            f"the labels party's storage is full or cannot be written; nothing was spent "
-            f"there: retry once its operator has freed space ({exc.message})",
+            f"the labels party's storage is full or cannot be written: retry once its "
+            f"operator has freed space ({exc.message})",
             code=LABELS_PARTY_STORAGE,
             detail=detail,
         )
@@ -149,7 +149,10 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
     except UPSTREAM_ERRORS as exc:
         error = upstream_error(exc)
         charged = isinstance(error.detail, dict) and error.detail.get("error") == "release_failed"
-        unknown = isinstance(error, UpstreamError) and error.code != LABELS_PARTY_STORAGE
+        full = error.code == LABELS_PARTY_STORAGE
+        if request.release is not None and full:  # 507: refused or rolled back, unspent
+            error.message += "; nothing was spent there"
+        unknown = isinstance(error, UpstreamError) and not full
         if request.release is not None and (unknown or charged):
             assert request.release.idempotency_key is not None  # _with_key
             raise _naming_key(error, request.release.idempotency_key) from None
@@ -192,8 +195,8 @@ def _check_room(settings: Settings, client: LabelsPartyClient, dataset_id: str, 
     if free < need:
         raise NoRoomError(
             f"the data directory has {free} bytes free; a release of {num_labels} labels "
-            f"needs about {need}: its operator must free space. Nothing was asked of the "
-            "labels party, and nothing spent",
+            f"needs about {need}: its operator must free space. This request asked nothing "
+            "of the labels party",
             detail={"free_bytes": free, "needed_bytes": need},
         )
 
@@ -303,9 +306,14 @@ def _commit_naming_release(session: Session, release_id: str, request: ReceivedL
         session.commit()
     except DBAPIError as exc:
         session.rollback()
-        if storage_problem(exc) is None:
-            raise
-        raise _naming_release(StorageUnavailableError(exc), release_id, request) from None
+        error: FeaturePartyError = (
+            StorageUnavailableError(exc)
+            if storage_problem(exc) is not None
+            else FeaturePartyError(
+                f"the service could not record the release ({type(exc).__name__})"
+            )
+        )
+        raise _naming_release(error, release_id, request) from None
 
 
 def get(session: Session, id_: str) -> ReceivedLabelsRead:

@@ -21,6 +21,7 @@ so a disk that is plainly full costs nothing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -217,6 +218,8 @@ def create(
             result = _randomize(settings, dataset, plan, priors, selected, rng, prior_rng, tmp)
             if settings.test_crash_point == "release_mechanism_fails":
                 raise MechanismError("injected by LABELDP_TEST_CRASH_POINT")
+            if settings.test_crash_point == "release_io_error":
+                raise OSError(errno.EIO, "injected by LABELDP_TEST_CRASH_POINT")
             _final, sha = publish_by_hash(tmp, settings.releases_dir)
         except Exception as exc:
             if not _charged(exc):

@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from sqlalchemy.exc import DBAPIError
 
 from label_party.audit import service as audit
 from label_party.config import Settings
@@ -63,6 +64,7 @@ from label_party.storage import (
 )
 from label_party.trainings import repository
 from label_party.trainings.plan import check_ran_as_planned
+from shared.errors import disk_full
 from shared.lease_queue import Status
 from shared.logging import exception_fields
 from shared.parquet import publish_by_hash, temp_path
@@ -228,7 +230,7 @@ class Worker(PollingWorker):
             shared.stop.set()
             beat.join()
             if left_to_retry(exc, {"training_id": training_id}):
-                self._forgive(training_id)  # paid for: a full disk must not fail it
+                self._forgive(training_id, exc)  # paid for: a full disk must not fail it
                 return
             # The type and place only: the text may quote a label (DESIGN.md §3.1).
             log.error(
@@ -242,9 +244,9 @@ class Worker(PollingWorker):
         beat.join()
         try:
             self._record_success(training_id, artifact, accounting, metrics, shared.progress)
-        except OSError as exc:
+        except (OSError, DBAPIError) as exc:  # the model's file, or its row
             if left_to_retry(exc, {"training_id": training_id}):
-                self._forgive(training_id)
+                self._forgive(training_id, exc)
                 return
             raise
         self._drop_checkpoint_if_final(training_id)
@@ -321,9 +323,16 @@ class Worker(PollingWorker):
             repository.queue(session).release(training_id, self.worker_id)
         log.info("training %s: given back to the queue", training_id)
 
-    def _forgive(self, training_id: str) -> None:
-        with transaction(self.db.writer) as session:
-            repository.queue(session).forgive(training_id, self.worker_id)
+    def _forgive(self, training_id: str, exc: BaseException) -> None:
+        """Give the attempt back when the disk is full (``shared.errors.disk_full``);
+        a database too full to take even that leaves the attempt counted."""
+        if not disk_full(exc):
+            return
+        try:
+            with transaction(self.db.writer) as session:
+                repository.queue(session).forgive(training_id, self.worker_id)
+        except DBAPIError:
+            log.exception("could not give training %s its attempt back", training_id)
 
     def _finish_failed(self, training_id: str, error: str) -> bool:
         """Mark the training failed; False if it is no longer this worker's."""

@@ -63,7 +63,7 @@ def test_a_full_features_party_loses_no_paid_release(services: Services, tmp_pat
             fill(data)
             refused = http.post("/v1/received-labels", json=new)
             assert refused.status_code == 507, refused.text
-            assert "Nothing was asked of the labels party" in refused.json()["message"]
+            assert "asked nothing of the labels party" in refused.json()["message"]
             assert _spent(services, dataset_id) == 0.0
             (data / "filler").unlink()
             fill(db)

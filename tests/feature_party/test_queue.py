@@ -268,9 +268,9 @@ def test_a_job_storage_refused_is_left_to_retry_not_failed(
     postgres_url: str, tmp_path: Path
 ) -> None:
     """A job whose checkpoint or model the disk refuses (a real EFBIG: the worker
-    process runs under ``ulimit -f``) stays running until its lease lapses, without
-    using up an attempt (a disk full for long must not fail it), and the next worker
-    trains it. Postgres: on SQLite the limit refuses the database too."""
+    process runs under ``ulimit -f``) stays running until its lease lapses, and the
+    next worker trains it. A file-size limit, unlike a full disk, keeps its
+    attempts. Postgres: on SQLite the limit refuses the database too."""
     settings, database = _clean_postgres(postgres_url, tmp_path)
     fs, labels = seed_inputs(database, settings, n=200)
     [job_id] = add_jobs(database, fs, labels, 1, **TINY)
@@ -286,10 +286,10 @@ def test_a_job_storage_refused_is_left_to_retry_not_failed(
     assert "left to retry" in worker.stderr and "EFBIG" in worker.stderr, worker.stderr[-3000:]
     with database.session() as session:
         job = JobRepository(session).get(job_id)
-        assert (job.status, job.attempts) == (Status.RUNNING, 0)  # storage's, not the job's
+        assert (job.status, job.attempts) == (Status.RUNNING, 1)  # a limit keeps its attempts
         job.lease_expires_at = utcnow() - timedelta(seconds=1)  # that worker is gone
     assert Worker(database, settings, worker_id="roomy").run(once=True) == 1
     with database.session() as session:
         job = JobRepository(session).get(job_id)
-        assert (job.status, job.attempts, job.worker_id) == (Status.SUCCEEDED, 1, "roomy")
+        assert (job.status, job.attempts, job.worker_id) == (Status.SUCCEEDED, 2, "roomy")
     database.dispose()

@@ -199,6 +199,22 @@ def test_3_3_a_storage_error_that_does_not_depend_on_the_labels_spends_nothing(
     assert server.client().get("/v1/audit/verify").json()["ok"] is True
 
 
+def test_3_3_an_io_error_after_the_labels_are_read_is_rolled_back(make_server: Any) -> None:
+    """An OS error that does not depend on what was written (here EIO, injected once
+    the release's file is written) rolls back: only the disk having no room for the
+    file is charged."""
+    server = make_server(LABELDP_TEST_CRASH_POINT="release_io_error").start()
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=1)
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    r = release(admin, ds, 0.25, idempotency_key="io")
+    assert r.status_code == 500 and r.json()["error"] == "internal_error", r.text
+    fresh = server.client()  # uvicorn may drop the connection a 500 went out on
+    assert fresh.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    actions = [e["action"] for e in fresh.get(f"/v1/datasets/{ds}/audit").json()["entries"]]
+    assert "release.failed" not in actions
+
+
 def test_3_3_a_fit_that_fails_whatever_the_labels_is_a_free_refusal(server: Server) -> None:
     """Checked at the release's own ε₂ before anything is reserved: the LP at ε ≈ 50
     fails for every prior, and the preflight at ε/2 passed, so it was charged."""

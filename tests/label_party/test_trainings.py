@@ -31,7 +31,7 @@ from label_party.storage import TRAININGS_GRACE_SECONDS
 from label_party.trainings.worker import Worker
 from shared.torch_models import build_model, model_config_from_dict
 from tests.cuda import needs_cuda
-from tests.file_limits import run_under_limit
+from tests.file_limits import fill, full_disk, run_under_limit
 from tests.label_party.conftest import Server
 from tests.label_party.helpers import create_client, parquet_bytes, upload_labels
 
@@ -816,8 +816,8 @@ def test_a_training_storage_refused_is_left_to_retry_not_failed(
     try:
         with transaction(db.writer) as session:  # the limit's worker is gone; leases lapse
             for row in session.scalars(select(Training).where(Training.worker_id == "full-disk")):
-                if row.id == training["id"]:  # given back: storage's fault, not the training's
-                    assert row.attempts == 0
+                if row.id == training["id"]:  # a file-size limit, unlike a full disk, counts
+                    assert row.attempts == 1
                 row.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
     finally:
         db.dispose()
@@ -829,3 +829,28 @@ def test_a_training_storage_refused_is_left_to_retry_not_failed(
     ours = [e["action"] for e in entries if e["payload"].get("training_id") == training["id"]]
     assert ours == ["training.reserved", "training.succeeded"]
     assert float(budget["delta_spent"]) == pytest.approx(1e-5)
+
+
+def test_a_full_disk_gives_a_paid_training_its_attempt_back(server: Server, granted: Any) -> None:
+    """A model the full disk refuses (a real ENOSPC: a full tmpfs where the worker
+    writes it) leaves the training running with its attempt given back, however
+    long the disk stays full; with room again it trains to its model."""
+    from label_party.storage import training_tmp_dir
+
+    _admin, client, dataset_id, ids, labels = granted
+    settings = _settings(server)
+    training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5,
+                      idempotency_key="disk-full", **CHEAP).json()  # fmt: skip
+    with full_disk(training_tmp_dir(settings)) as full:
+        fill(full)
+        run_worker(server)
+        db = connect(settings.resolved_database_url)
+        try:
+            with transaction(db.writer) as session:
+                row = session.get(Training, training["id"])
+                assert row is not None and (row.status, row.attempts) == ("running", 0)
+                row.lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+        finally:
+            db.dispose()
+    assert run_worker(server) >= 1
+    assert client.get(f"/v1/trainings/{training['id']}").json()["status"] == "succeeded"
