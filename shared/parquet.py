@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import IO
@@ -40,16 +41,37 @@ def publish_by_hash(tmp: Path, directory: Path, extension: str = ".parquet") -> 
     Returns the final path and the hash. The file is fsynced before the rename and
     the directory after it, so that a row committed next never points at a file
     that a power loss can take back: without the second, the rename may reach
-    the disk after the commit, and the start-up sweep deletes ``tmp/``.
+    the disk after the commit, and the start-up sweep deletes ``tmp/``. A
+    ``directory`` on another filesystem than ``tmp`` (an operator's mount) gets a
+    copy, written beside its final name and renamed there.
     """
     sha = sha256_file(tmp)
     with tmp.open("rb") as fh:
         os.fsync(fh.fileno())
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{sha}{extension}"
-    os.replace(tmp, final)
+    try:
+        os.replace(tmp, final)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        _copy_across(tmp, final)
     fsync_directory(directory)
     return final, sha
+
+
+def _copy_across(tmp: Path, final: Path) -> None:
+    """``tmp`` to ``final`` across filesystems: a durable copy beside ``final``, then
+    a rename within its filesystem (never half a file under the final name)."""
+    partial = final.with_name(f".{uuid.uuid4().hex}.partial")
+    try:
+        shutil.copyfile(tmp, partial)
+        with partial.open("rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)
+    tmp.unlink(missing_ok=True)
 
 
 def fsync_directory(directory: Path) -> None:

@@ -61,8 +61,8 @@ def promised(settings: Settings, labels_file: Path, in_scope: int) -> Iterator[N
     probe.touch()
     probe.unlink()
     settings.releases_dir.mkdir(parents=True, exist_ok=True)
-    # Where the file is written, where it is published, where the database commits
-    # (tmp/ must share releases/'s filesystem: publishing is a rename).
+    # Where the file is written, where it is published, where the database commits:
+    # three filesystems when an operator mounted them apart.
     places = (settings.tmp_dir, settings.releases_dir, settings.data_dir)
     with _lock:
         free = min(shutil.disk_usage(place).free for place in places) - _promised

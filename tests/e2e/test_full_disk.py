@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from feature_party.client import LabelsPartyClient
 from labeldp.processes import ServiceProcess, free_port, running
@@ -106,3 +107,20 @@ def test_a_full_labels_party_is_told_apart_from_a_release_that_may_have_been_mad
     assert "may have been made" not in full.json()["message"]
     assert _spent(services, dataset_id) == 0.0
     assert ok(services.features.post("/v1/received-labels", json=body), 201)["num_labels"] == N
+
+
+def test_a_labels_party_whose_tmp_is_its_own_filesystem_still_releases(
+    services: Services, tmp_path: Path
+) -> None:
+    """An operator may mount tmp/ apart from releases/: publishing a release then
+    copies across filesystems (a rename gives EXDEV) instead of failing it."""
+    dataset_id, client_token = _dataset(services)
+    labels_tmp = tmp_path / "labels-party" / "tmp"  # the services fixture's data directory
+    with full_disk(labels_tmp, size=256 << 20):  # roomy: its own filesystem is the point
+        with LabelsPartyClient(services.labels_url, client_token) as client:
+            release = client.create_release(dataset_id, {"mechanism": {"name": "rr"},
+                                                         "epsilon": 1})  # fmt: skip
+            target = tmp_path / "got.parquet"
+            client.download_labels(release.id, target, expected_sha256=release.sha256)
+        assert pq.read_table(target).num_rows == N
+        assert list(labels_tmp.iterdir()) == []  # nothing left behind
