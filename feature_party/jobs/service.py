@@ -20,6 +20,7 @@ from feature_party.models.repository import ModelRepository
 from feature_party.orm import Job
 from feature_party.received_labels.repository import ReceivedLabelsRepository
 from feature_party.training.dataset import count_join
+from feature_party.training.losses import debiasing_problem
 
 
 def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted:
@@ -60,6 +61,8 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
         )
     if config.task == "classification":
         mechanism = labels.manifest.get("mechanism", {})
+        if config.loss == "rr-debiased-cross-entropy" and (problem := debiasing_problem(mechanism)):
+            raise InvalidInputError(problem)
         classes = mechanism.get("outputs") or mechanism.get("inputs")
         if not (config.num_classes or classes):
             raise InvalidInputError("classification needs num_classes (the release does not say)")

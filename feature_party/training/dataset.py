@@ -19,7 +19,7 @@ import torch
 
 from feature_party.training.config import TrainingConfig
 from feature_party.training.data import ColumnRoles, Preprocessing, Tensors, fit_preprocessing
-from feature_party.training.losses import Loss, make_loss
+from feature_party.training.losses import Loss, debiasing_problem, make_loss
 
 __all__ = ["TrainingData", "join_features_labels", "load_training_data"]
 
@@ -81,6 +81,8 @@ def load_training_data(
             raise ValueError(f"classification labels must be class indices 0..{num_classes - 1}")
     elif config.loss == "poisson" and targets.min() < 0:
         raise ValueError("Poisson regression needs non-negative labels")
+    if config.loss == "rr-debiased-cross-entropy" and (problem := debiasing_problem(mechanism)):
+        raise ValueError(problem)
     loss = make_loss(
         config.loss,
         num_classes=num_classes,

@@ -16,8 +16,8 @@ For K-ary randomized response ``T⁻¹ = (I − (p/K)·J) / (1 − p)`` with
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 from torch.nn import functional
@@ -104,11 +104,43 @@ class DebiasedCrossEntropyLoss(CrossEntropyLoss):
         return debiased.gather(1, target.long().unsqueeze(1)).squeeze(1)
 
 
+class RRDebiasedCrossEntropyLoss(CrossEntropyLoss):
+    """The debiased cross-entropy for K-ary randomized response, without its K×K
+    matrix: T = (1 − p)·I + (p/K)·11ᵀ has the inverse (Sherman–Morrison)
+    T⁻¹ = I/(1 − p) − p/(K(1 − p))·11ᵀ, so ℓ̃ = (ℓ − (p/K)·Σ_y ℓ)/(1 − p): O(K) an
+    example, where the matrix form is O(K²) (and 80 GB at K = 10⁵)."""
+
+    name: LossName = "rr-debiased-cross-entropy"
+
+    def __init__(self, num_classes: int, epsilon: float) -> None:
+        super().__init__(outputs=num_classes)
+        self.p = num_classes / (math.exp(epsilon) + num_classes - 1)
+
+    def per_example(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        all_classes = -functional.log_softmax(raw, dim=1)  # ℓ(f, y) for every y
+        own = all_classes.gather(1, target.long().unsqueeze(1)).squeeze(1)
+        k = all_classes.shape[1]
+        return (own - self.p / k * all_classes.sum(dim=1)) / (1 - self.p)
+
+
 def rr_matrix(num_classes: int, epsilon: float) -> torch.Tensor:
     """Transition matrix of K-ary randomized response at ``epsilon``."""
     k = num_classes
     p = k / (math.exp(epsilon) + k - 1)
     return (1 - p) * torch.eye(k, dtype=torch.float64) + p / k
+
+
+def debiasing_problem(mechanism: Mapping[str, Any]) -> str | None:
+    """Why ``rr-debiased-cross-entropy`` cannot correct a release made by
+    ``mechanism`` (its manifest's description), or None: it needs the release's
+    square matrix, or K-ary randomized response, whose matrix (K, ε) give. An
+    ``rr-with-prior`` release is RRTop-k, whose matrix is not invertible."""
+    if mechanism.get("matrix") or mechanism.get("name") == "rr":
+        return None
+    return (
+        "rr-debiased-cross-entropy corrects K-ary randomized response (rr); this release "
+        f"was made by {mechanism.get('name')!r}: use cross-entropy"
+    )
 
 
 def make_loss(
@@ -133,10 +165,8 @@ def make_loss(
         return CrossEntropyLoss(outputs=num_classes)
     if name == "rr-debiased-cross-entropy":
         if matrix is not None and len(matrix) == num_classes and len(matrix[0]) == num_classes:
-            transition = torch.tensor(matrix, dtype=torch.float64)
-        elif epsilon is not None:
-            transition = rr_matrix(num_classes, epsilon)
-        else:
-            raise ValueError("rr-debiased-cross-entropy needs the release's matrix or epsilon")
-        return DebiasedCrossEntropyLoss(transition)
+            return DebiasedCrossEntropyLoss(torch.tensor(matrix, dtype=torch.float64))
+        if epsilon is not None:  # K-ary RR, whose manifest no longer carries its matrix
+            return RRDebiasedCrossEntropyLoss(num_classes, epsilon)
+        raise ValueError("rr-debiased-cross-entropy needs the release's matrix or epsilon")
     raise ValueError(f"unknown loss {name!r}")

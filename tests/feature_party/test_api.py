@@ -516,12 +516,15 @@ def test_no_database_connection_is_held_while_the_labels_party_answers(
     database.dispose()
 
 
-def _three_class_rr_release(client: httpx.Client, labels_party: FakeLabelsParty) -> dict[str, str]:
-    """A received rr release of 3 classes → the ids a job names."""
+def _three_class_rr_release(
+    client: httpx.Client, labels_party: FakeLabelsParty, name: str = "rr"
+) -> dict[str, str]:
+    """A received release of 3 classes by ``name`` (rr, rr-with-prior; with no
+    matrix, as the labels party describes them) → the ids a job names."""
     data = synthetic(40)
     ids = data.features.column("example_id").to_pylist()
     labels_party.set_labels(ids, [float(i % 3) for i in range(len(ids))])
-    labels_party.mechanism = {"name": "rr", "params": {}, "outputs": [0, 1, 2]}
+    labels_party.mechanism = {"name": name, "epsilon": 1.0, "params": {}, "outputs": [0, 1, 2]}
     fs = upload(client, data.features)
     received = receive(client, labels_party, fs["id"]).json()
     return {"feature_set_id": fs["id"], "labels_id": received["id"]}
@@ -536,6 +539,20 @@ def test_num_classes_below_the_release_s_classes_is_422(
     assert r.status_code == 422 and "below the release's 3 classes" in r.json()["message"]
     r = client.post("/v1/jobs", headers=AUTH, json={**job, "num_classes": 3})
     assert r.status_code == 202, r.text
+
+
+def test_the_debiased_loss_is_for_randomized_response_releases_only(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    """It inverts K-ary RR's matrix, which an rr manifest gives by (K, ε); an
+    rr-with-prior release is RRTop-k, whose matrix has no inverse: refused at once,
+    not corrected as if it were RR."""
+    job = {"task": "classification", "loss": "rr-debiased-cross-entropy", "epochs": 1}
+    rr = {**_three_class_rr_release(client, labels_party), **job}
+    assert client.post("/v1/jobs", headers=AUTH, json=rr).status_code == 202
+    top_k = {**_three_class_rr_release(client, labels_party, "rr-with-prior"), **job}
+    r = client.post("/v1/jobs", headers=AUTH, json=top_k)
+    assert r.status_code == 422 and "'rr-with-prior'" in r.json()["message"], r.text
 
 
 def test_a_job_of_the_other_task_than_the_release_is_422(
