@@ -384,8 +384,13 @@ class RRTopK(Mechanism):
 
     @property
     def keep_probability(self) -> float:
-        """For a label in Y_k: e^ε/(e^ε+k−1); each other member of Y_k: e^{−ε} times it."""
+        """For a label in Y_k: e^ε/(e^ε+k−1)."""
         return 1.0 / (1.0 + (len(self.top) - 1) * math.exp(-self.epsilon))
+
+    @property
+    def other_probability(self) -> float:
+        """For a label in Y_k, each other member of Y_k: e^{−ε} times keeping it."""
+        return math.exp(-self.epsilon) * self.keep_probability
 
     def _position(self) -> IntArray:
         """Each class's index in Y_k, or −1."""
@@ -422,7 +427,7 @@ class RRTopK(Mechanism):
         y = np.asarray(values, dtype=np.float64)
         inside = self._position()[y.astype(np.int64)] >= 0
         total, k = float(sum(self.top)), len(self.top)
-        other = self.keep_probability * math.exp(-self.epsilon)
+        other = self.other_probability
         expected = np.where(inside, self.keep_probability * y + other * (total - y), total / k)
         result: FloatArray = expected - y
         return result
@@ -436,7 +441,7 @@ class RRTopK(Mechanism):
         inside = self._position()[y.astype(np.int64)] >= 0
         sums = loss_sums(y, np.sort(np.asarray(self.top, np.float64)), loss)
         own = pointwise_loss(y, y, loss)
-        other = self.keep_probability * math.exp(-self.epsilon)
+        other = self.other_probability
         with np.errstate(invalid="ignore"):  # ∞ − ∞ only where the branch is not taken
             kept = self.keep_probability * own + other * (sums - own)
         per_value = np.where(inside, kept, sums / len(self.top))
