@@ -20,6 +20,7 @@ from feature_party.multistage.endpoints import router as multistage_router
 from feature_party.multistage.service import Drivers
 from feature_party.received_labels.endpoints import router as received_labels_router
 from feature_party.uploads import sweep_stale
+from shared.errors import UnexpectedErrorMiddleware
 from shared.limits import BodyLimitMiddleware
 from shared.request_log import RequestLogMiddleware
 
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         authorized=lambda headers: is_admin(headers.get("authorization"), admin_token),
         unauthorized_message=UNAUTHORIZED,
     )
+    app.add_middleware(UnexpectedErrorMiddleware, logger=exception_handlers.ERROR_LOGGER)
     app.add_middleware(RequestLogMiddleware, logger="feature_party.access")  # outermost
     secured = [Depends(require_admin)]
     routers = (

@@ -3,7 +3,6 @@ with a fixed message (its text may quote data), storage refusing writes as 507."
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,15 +12,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feature_party.errors import FeaturePartyError
 from shared.errors import (
-    ANSWERED_INSIDE,
     error_response,
     http_error_response,
-    unexpected_error_response,
     validation_error_response,
 )
 from shared.protocol import ErrorBody
 
-logger = logging.getLogger("feature_party.errors")
+#: Where a bug's exception is logged (``shared.errors.UnexpectedErrorMiddleware``).
+ERROR_LOGGER = "feature_party.errors"
 
 #: For ``responses=`` in route declarations (OpenAPI).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -43,11 +41,3 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return http_error_response(exc.status_code, str(exc.detail), exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return unexpected_error_response(logger, exc)
-
-    # Answered inside the middleware: the access log and metrics see the 507 or 500.
-    for kind in ANSWERED_INSIDE:
-        app.add_exception_handler(kind, _unexpected)

@@ -25,6 +25,7 @@ from label_party.previews.endpoints import router as previews_router
 from label_party.releases.endpoints import router as releases_router
 from label_party.storage import sweep_orphans
 from label_party.trainings.endpoints import router as trainings_router
+from shared.errors import UnexpectedErrorMiddleware
 from shared.limits import BodyLimitMiddleware
 from shared.request_log import RequestLogMiddleware
 
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         authorized=_has_bearer_token,
         unauthorized_message="a bearer token is required",
     )
+    app.add_middleware(UnexpectedErrorMiddleware, logger=exception_handlers.ERROR_LOGGER)
     app.add_middleware(RequestLogMiddleware, logger=ACCESS_LOGGER, observe=observe_request)
     for router in (
         datasets_router,

@@ -7,7 +7,6 @@ text may quote data; DESIGN.md §3.1).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,15 +17,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from label_party.exceptions import LabelPartyError
 from label_party.mechanisms.base import MechanismError
 from shared.errors import (
-    ANSWERED_INSIDE,
     error_response,
     http_error_response,
-    unexpected_error_response,
     validation_error_response,
 )
 from shared.protocol import ErrorBody
 
-logger = logging.getLogger("label_party.errors")
+#: Where a bug's exception is logged (``shared.errors.UnexpectedErrorMiddleware``).
+ERROR_LOGGER = "label_party.errors"
 
 
 def _domain(_request: Request, exc: Exception) -> JSONResponse:
@@ -48,19 +46,11 @@ def _http(_request: Request, exc: Exception) -> JSONResponse:
     return http_error_response(exc.status_code, str(exc.detail), exc.headers)
 
 
-def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
-    return unexpected_error_response(logger, exc)
-
-
 def install(app: FastAPI) -> None:
     app.add_exception_handler(LabelPartyError, _domain)
     app.add_exception_handler(MechanismError, _mechanism)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
-    # Answered inside the middleware: the access log and metrics see the 507 or 500.
-    for kind in ANSWERED_INSIDE:
-        app.add_exception_handler(kind, _unexpected)
-    app.add_exception_handler(Exception, _unexpected)
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.protocol import ErrorBody
 
@@ -133,12 +134,6 @@ def storage_message(problem: str) -> str:
     )
 
 
-#: Exceptions whose handler runs inside the middleware stack (Starlette's handler
-#: for ``Exception`` runs outside it, where the access log and the metrics see an
-#: exception, not the 507 or 500 the client got).
-ANSWERED_INSIDE: tuple[type[Exception], ...] = (OSError, DBAPIError)
-
-
 def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSONResponse:
     """An exception no handler knows: 507 when storage refused a write (the errno,
     never a path or the text), else 500 with a fixed message; logged either way."""
@@ -149,3 +144,37 @@ def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSO
             507, "storage_unavailable", storage_message(problem), {"errno": problem}
         )
     return error_response(500, "internal_error", "internal error")
+
+
+class UnexpectedErrorMiddleware:
+    """Answers an exception no handler took (a bug) with :func:`unexpected_error_response`,
+    inside the middleware stack.
+
+    Starlette answers those in its outermost layer and then re-raises, so the
+    access log and metrics saw an exception rather than the 500 (or 507) the client
+    got, the answer lacked its request id, and uvicorn closed the keep-alive
+    connection. An exception after the response started is re-raised: closing the
+    connection is the only way left to tell the client its body is cut short.
+    """
+
+    def __init__(self, app: ASGIApp, *, logger: str) -> None:
+        self.app = app
+        self.log = logging.getLogger(logger)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def noting_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noting_start)
+        except Exception as exc:
+            if started:
+                raise
+            await unexpected_error_response(self.log, exc)(scope, receive, send)

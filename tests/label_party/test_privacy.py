@@ -187,16 +187,16 @@ def test_3_3_a_storage_error_that_does_not_depend_on_the_labels_spends_nothing(
     releases = data / "releases"
     shutil.rmtree(releases, ignore_errors=True)
     releases.write_text("not a directory")
-    try:  # a fresh client for each: uvicorn drops the connection a 500 went out on
-        r = release(server.client(), ds, 0.25)
+    try:
+        r = release(admin, ds, 0.25)
         assert r.status_code >= 500, r.text
     finally:
         releases.unlink()
     for labels_file in (data / "labels" / ds).iterdir():
         labels_file.unlink()
-    assert release(server.client(), ds, 0.25).status_code >= 500
-    assert server.client().get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
-    assert server.client().get("/v1/audit/verify").json()["ok"] is True
+    assert release(admin, ds, 0.25).status_code >= 500
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
 def test_3_3_an_io_error_after_the_labels_are_read_is_rolled_back(make_server: Any) -> None:
@@ -209,9 +209,8 @@ def test_3_3_an_io_error_after_the_labels_are_read_is_rolled_back(make_server: A
     assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
     r = release(admin, ds, 0.25, idempotency_key="io")
     assert r.status_code == 500 and r.json()["error"] == "internal_error", r.text
-    fresh = server.client()  # uvicorn may drop the connection a 500 went out on
-    assert fresh.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
-    actions = [e["action"] for e in fresh.get(f"/v1/datasets/{ds}/audit").json()["entries"]]
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    actions = [e["action"] for e in admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]]
     assert "release.failed" not in actions
 
 
