@@ -38,6 +38,7 @@ from torch import nn
 from feature_party.training.config import TrainingConfig
 from feature_party.training.data import Tensors
 from feature_party.training.dataset import TrainingData
+from feature_party.training.losses import Loss
 from feature_party.training.optim import build_optimizers
 from shared.torch_files import save_torch_file
 from shared.torch_models import ImageCNN, ImageCNNConfig, TabularMLP, TabularMLPConfig
@@ -182,6 +183,278 @@ def auto_embedding_updates(
     return "lazy" if device.type == "cpu" else "dense"
 
 
+@dataclass
+class _Optimization:
+    """The optimizers (one for a lazily updated embedding table, one for the rest)
+    and their learning-rate schedules, stepped together."""
+
+    mode: Literal["lazy", "dense"]
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list[torch.optim.lr_scheduler.LRScheduler]
+
+    @classmethod
+    def build(
+        cls,
+        model: TabularMLP | ImageCNN,
+        config: TrainingConfig,
+        mode: Literal["lazy", "dense"],
+        total_steps: int,
+    ) -> _Optimization:
+        lazy = mode == "lazy" and model.embedding is not None
+        model.sparse_gradients = lazy
+        table = model.embedding.weight if lazy and model.embedding is not None else None
+        optimizers = build_optimizers(model, config, lazy=[table] if table is not None else None)
+        schedulers: list[torch.optim.lr_scheduler.LRScheduler] = [
+            torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+            if config.schedule == "cosine"
+            else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+            for optimizer in optimizers
+        ]
+        return cls(mode, optimizers, schedulers)
+
+    def step(self, loss: torch.Tensor) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        for optimizer in self.optimizers:
+            optimizer.step()
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "optimizer": [optimizer.state_dict() for optimizer in self.optimizers],
+            "scheduler": [scheduler.state_dict() for scheduler in self.schedulers],
+            "embedding_updates": self.mode,
+        }
+
+    def load(self, checkpoint: dict[str, Any]) -> None:
+        saved_optimizers, saved_schedulers = checkpoint["optimizer"], checkpoint["scheduler"]
+        if isinstance(saved_optimizers, dict):  # written before lazy embedding updates
+            saved_optimizers, saved_schedulers = [saved_optimizers], [saved_schedulers]
+        for optimizer, state in zip(self.optimizers, saved_optimizers, strict=True):
+            optimizer.load_state_dict(state)
+        for scheduler, state in zip(self.schedulers, saved_schedulers, strict=True):
+            scheduler.load_state_dict(state)
+
+
+@dataclass
+class _Record:
+    """What carries from epoch to epoch, and through a checkpoint: the history and
+    the best model so far on the noisy validation loss."""
+
+    start_epoch: int = 0
+    best_loss: float = math.inf
+    bad_epochs: int = 0
+    best_state: dict[str, torch.Tensor] | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @classmethod
+    def resumed(cls, checkpoint: dict[str, Any]) -> _Record:
+        return cls(
+            checkpoint["epoch"],
+            checkpoint["best_loss"],
+            checkpoint["bad_epochs"],
+            checkpoint["best_state"],
+            checkpoint["history"],
+        )
+
+    def add(self, record: dict[str, float], validation: dict[str, float], model: nn.Module) -> None:
+        self.history.append(record)
+        if not validation:
+            return
+        if validation["loss"] < self.best_loss:
+            self.best_loss, self.bad_epochs = validation["loss"], 0
+            self.best_state = copy.deepcopy(model.state_dict())
+        else:
+            self.bad_epochs += 1
+
+    def checkpoint(
+        self, epoch: int, model: nn.Module, optimization: _Optimization
+    ) -> dict[str, Any]:
+        return {
+            "epoch": epoch,
+            "model": model.state_dict(),
+            **optimization.state(),
+            "best_loss": self.best_loss,
+            "bad_epochs": self.bad_epochs,
+            "best_state": self.best_state,
+            "history": self.history,
+        }
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """How a run divides: this rank's share of each epoch, its batches, its steps."""
+
+    epochs: int
+    n_local: int
+    per_rank_batch: int
+    steps_per_epoch: int
+    world_size: int
+
+    @classmethod
+    def of(cls, n: int, config: TrainingConfig, world_size: int) -> _Shape:
+        n_local = n // world_size
+        per_rank_batch = max(1, config.batch_size // world_size)
+        steps = max(1, math.ceil(n_local / per_rank_batch))
+        return cls(config.epochs, n_local, per_rank_batch, steps, world_size)
+
+    def examples_per_second(self, epoch_seconds: float) -> float:
+        return self.n_local * self.world_size / max(epoch_seconds, 1e-9)
+
+
+@dataclass
+class _Pace:
+    """Steps taken since the run (or its resumption) started: examples/s and the ETA."""
+
+    shape: _Shape
+    started: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+
+    def progress(self, epoch: int, step: int, loss: float, now: float) -> Progress:
+        """Mid-epoch progress after ``step`` (0-based) of ``epoch`` (0-based)."""
+        shape, per_step = self.shape, (now - self.started) / self.steps
+        return Progress(
+            epoch=epoch + 1,
+            epochs=shape.epochs,
+            step=step + 1,
+            steps_per_epoch=shape.steps_per_epoch,
+            loss=loss,
+            eta_seconds=per_step * ((shape.epochs - epoch) * shape.steps_per_epoch - step - 1),
+            examples_per_second=self.steps
+            * shape.per_rank_batch
+            * shape.world_size
+            / (now - self.started),
+        )
+
+    def after_epoch(self, epoch: int, loss: float, seconds: float) -> Progress:
+        """Progress at the end of ``epoch`` (0-based), which took ``seconds``."""
+        shape = self.shape
+        return Progress(
+            epoch=epoch + 1,
+            epochs=shape.epochs,
+            step=shape.steps_per_epoch,
+            steps_per_epoch=shape.steps_per_epoch,
+            loss=loss,
+            eta_seconds=seconds * (shape.epochs - epoch - 1),
+            examples_per_second=shape.examples_per_second(seconds),
+        )
+
+
+def _initial_model(
+    data: TrainingData,
+    config: TrainingConfig,
+    device: torch.device,
+    init_state: dict[str, torch.Tensor] | None,
+) -> TabularMLP | ImageCNN:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)  # the same initial weights on every rank and run
+        model = build_model(data, config).to(device)
+    if init_state is not None:
+        try:
+            model.load_state_dict(init_state)
+        except RuntimeError as exc:
+            raise ValueError(f"init_model_id: the model does not fit this job: {exc}") from None
+    return model
+
+
+@dataclass
+class _Epochs:
+    """Runs one epoch at a time over the training set (on the device), with what is
+    the same for every epoch of the run."""
+
+    net: nn.Module
+    loss: Loss
+    train_set: tuple[torch.Tensor, ...]  # numeric, categorical, targets
+    optimization: _Optimization
+    pace: _Pace
+    seed: int
+    rank: int
+    beta: torch.distributions.Beta | None
+    report: Reporter | None
+    report_every: float
+
+    def run(self, epoch: int) -> float:
+        """Epoch ``epoch`` (0-based) over this rank's stride of a permutation seeded by
+        the epoch, so every rank and every resumption agree; its mean training loss.
+        Mixup's λ and dropout draw from the global generators, seeded by the epoch
+        too: torch seeds them afresh in each process, so a job with either gave
+        another model on every run, and a resumed one never a straight run's."""
+        epoch_seed = self.seed * 1_000_003 + epoch
+        device = self.train_set[0].device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(epoch_seed)
+            return self._steps(epoch, torch.Generator().manual_seed(epoch_seed))
+
+    def _steps(self, epoch: int, gen: torch.Generator) -> float:
+        shape, device = self.pace.shape, self.train_set[0].device
+        perm = torch.randperm(len(self.train_set[0]), generator=gen)[self.rank :: shape.world_size]
+        # One gather per epoch, then every batch is a contiguous view.
+        perm = perm[: shape.n_local].to(device)
+        numeric, categorical, targets = (tensor[perm] for tensor in self.train_set)
+        running = torch.zeros((), device=device)
+        last_report = time.perf_counter()
+        for step in range(shape.steps_per_epoch):
+            rows = slice(step * shape.per_rank_batch, (step + 1) * shape.per_rank_batch)
+            loss = self._batch_loss(numeric[rows], categorical[rows], targets[rows], gen)
+            self.optimization.step(loss)
+            running += loss.detach()
+            self.pace.steps += 1
+            now = time.perf_counter()
+            if self.report is not None and now - last_report >= self.report_every:
+                last_report = now
+                self.report(self.pace.progress(epoch, step, float(running) / (step + 1), now))
+        return float(running) / shape.steps_per_epoch
+
+    def _batch_loss(
+        self,
+        numeric: torch.Tensor,
+        categorical: torch.Tensor,
+        y: torch.Tensor,
+        gen: torch.Generator,
+    ) -> torch.Tensor:
+        """The batch's mean loss; with mixup, of the batch mixed with a shuffle of itself."""
+        if self.beta is None:
+            return self.loss.per_example(self.net(numeric, categorical), y).mean()
+        lam = float(self.beta.sample())
+        shuffle = torch.randperm(len(y), generator=gen).to(y.device)
+        raw = self.net(numeric, categorical, (shuffle, lam))
+        per_example = self.loss.per_example
+        return (lam * per_example(raw, y) + (1 - lam) * per_example(raw, y[shuffle])).mean()
+
+
+def _metrics(
+    record: _Record,
+    data: TrainingData,
+    *,
+    stopped_early: bool,
+    device: torch.device,
+    world_size: int,
+    mode: str,
+) -> dict[str, Any]:
+    last = record.history[-1] if record.history else {}
+    best = record.best_loss
+    metrics: dict[str, Any] = {
+        "epochs_run": len(record.history),
+        "resumed_from_epoch": record.start_epoch,
+        "stopped_early": stopped_early,
+        "train_examples": len(data.train),
+        "validation_examples": len(data.validation),
+        "train_loss": last.get("train_loss"),
+        "best_validation_loss": best if math.isfinite(best) else None,
+        "examples_per_second": last.get("examples_per_second"),
+        "world_size": world_size,
+        "device": str(device),
+        "embedding_updates": mode,
+    }
+    if data.loss.classification and record.history:
+        metrics["validation_noisy_accuracy"] = max(
+            (h.get("validation_noisy_accuracy", 0.0) for h in record.history), default=None
+        )
+    return metrics
+
+
 def train(
     data: TrainingData,
     config: TrainingConfig,
@@ -203,14 +476,7 @@ def train(
     touched rows only), ``dense``, or ``auto`` (:func:`auto_embedding_updates`).
     ``init_state`` (an earlier model's weights, same architecture) replaces the
     random initialization."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)  # the same initial weights on every rank and run
-        model = build_model(data, config).to(device)
-    if init_state is not None:
-        try:
-            model.load_state_dict(init_state)
-        except RuntimeError as exc:
-            raise ValueError(f"init_model_id: the model does not fit this job: {exc}") from None
+    model = _initial_model(data, config, device, init_state)
     ckpt: dict[str, Any] | None = None
     if checkpoint_path is not None and checkpoint_path.exists():
         ckpt = torch.load(checkpoint_path, map_location=device, weights_only=True)
@@ -219,163 +485,60 @@ def train(
         mode = auto_embedding_updates(device, wrapped=wrap is not None, checkpoint=ckpt)
     if wrap is not None and mode == "lazy":
         raise ValueError("lazy embedding updates need unwrapped (non-DDP) training")
-    lazy = mode == "lazy" and model.embedding is not None
-    model.sparse_gradients = lazy
+    shape = _Shape.of(len(data.train), config, world_size)
+    optimization = _Optimization.build(model, config, mode, shape.steps_per_epoch * config.epochs)
     net = wrap(model) if wrap else model
-    table = model.embedding.weight if lazy and model.embedding is not None else None
-    optimizers = build_optimizers(model, config, lazy=[table] if table is not None else None)
-    n_local = len(data.train) // world_size
-    per_rank_batch = max(1, config.batch_size // world_size)
-    steps_per_epoch = max(1, math.ceil(n_local / per_rank_batch))
-    total_steps = steps_per_epoch * config.epochs
-    schedulers: list[torch.optim.lr_scheduler.LRScheduler] = [
-        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
-        if config.schedule == "cosine"
-        else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        for optimizer in optimizers
-    ]
-
-    start_epoch, best_loss, bad_epochs = 0, math.inf, 0
-    best_state: dict[str, torch.Tensor] | None = None
-    history: list[dict[str, float]] = []
+    record = _Record()
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
-        saved_optimizers, saved_schedulers = ckpt["optimizer"], ckpt["scheduler"]
-        if isinstance(saved_optimizers, dict):  # written before lazy embedding updates
-            saved_optimizers, saved_schedulers = [saved_optimizers], [saved_schedulers]
-        for optimizer, state in zip(optimizers, saved_optimizers, strict=True):
-            optimizer.load_state_dict(state)
-        for scheduler, state in zip(schedulers, saved_schedulers, strict=True):
-            scheduler.load_state_dict(state)
-        start_epoch, best_loss, bad_epochs = ckpt["epoch"], ckpt["best_loss"], ckpt["bad_epochs"]
-        best_state, history = ckpt["best_state"], ckpt["history"]
+        optimization.load(ckpt)
+        record = _Record.resumed(ckpt)
 
-    num = data.train.numeric.to(device)
-    cat = data.train.categorical.to(device)
-    tgt = data.train_targets.to(device)
-    loss_fn = data.loss
-    mixup = config.mixup_alpha > 0
-    beta = torch.distributions.Beta(config.mixup_alpha, config.mixup_alpha) if mixup else None
-    t_start = time.perf_counter()
-    steps_done = 0
+    on_device = (
+        t.to(device) for t in (data.train.numeric, data.train.categorical, data.train_targets)
+    )
+    alpha = config.mixup_alpha
+    beta = torch.distributions.Beta(alpha, alpha) if alpha > 0 else None
+    pace = _Pace(shape)
+    epochs = _Epochs(
+        net,
+        data.loss,
+        tuple(on_device),
+        optimization,
+        pace,
+        config.seed,
+        rank,
+        beta,
+        report,
+        report_every_seconds,
+    )
     stopped_early = False
-    for epoch in range(start_epoch, config.epochs):
-        gen = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
-        perm = torch.randperm(len(data.train), generator=gen)[rank::world_size][:n_local]
-        epoch_start = last_report = time.perf_counter()
-        # One gather per epoch, then every batch is a contiguous view.
-        perm = perm.to(device)
-        num_e, cat_e, tgt_e = num[perm], cat[perm], tgt[perm]
-        running = torch.zeros((), device=device)
-        for step in range(steps_per_epoch):
-            batch = slice(step * per_rank_batch, (step + 1) * per_rank_batch)
-            y = tgt_e[batch]
-            if beta is not None:
-                lam = float(beta.sample())
-                shuffle = torch.randperm(len(y), generator=gen).to(device)
-                raw = net(num_e[batch], cat_e[batch], (shuffle, lam))
-                loss = (
-                    lam * loss_fn.per_example(raw, y)
-                    + (1 - lam) * loss_fn.per_example(raw, y[shuffle])
-                ).mean()
-            else:
-                loss = loss_fn.per_example(net(num_e[batch], cat_e[batch]), y).mean()
-            for optimizer in optimizers:
-                optimizer.zero_grad(set_to_none=True)
-            torch.autograd.backward(loss)
-            for optimizer in optimizers:
-                optimizer.step()
-            for scheduler in schedulers:
-                scheduler.step()
-            running += loss.detach()
-            steps_done += 1
-            now = time.perf_counter()
-            if report is not None and now - last_report >= report_every_seconds:
-                last_report = now
-                per_step = (now - t_start) / steps_done
-                report(
-                    Progress(
-                        epoch=epoch + 1,
-                        epochs=config.epochs,
-                        step=step + 1,
-                        steps_per_epoch=steps_per_epoch,
-                        loss=float(running) / (step + 1),
-                        eta_seconds=per_step
-                        * ((config.epochs - epoch) * steps_per_epoch - step - 1),
-                        examples_per_second=steps_done
-                        * per_rank_batch
-                        * world_size
-                        / (now - t_start),
-                    )
-                )
-        epoch_seconds = time.perf_counter() - epoch_start
-        train_loss = float(running) / steps_per_epoch
+    for epoch in range(record.start_epoch, config.epochs):
+        started = time.perf_counter()
+        train_loss = epochs.run(epoch)
+        seconds = time.perf_counter() - started
         val = _evaluate(model, data, data.validation, data.validation_targets, device)
-        record = {
+        entry = {
             "epoch": float(epoch + 1),
             "train_loss": train_loss,
-            "seconds": epoch_seconds,
-            "examples_per_second": n_local * world_size / max(epoch_seconds, 1e-9),
+            "seconds": seconds,
+            "examples_per_second": shape.examples_per_second(seconds),
             **{f"validation_{k}": v for k, v in val.items()},
         }
-        history.append(record)
-        if val:
-            if val["loss"] < best_loss:
-                best_loss, bad_epochs = val["loss"], 0
-                best_state = copy.deepcopy(model.state_dict())
-            else:
-                bad_epochs += 1
+        record.add(entry, val, model)
         if checkpoint_path is not None and rank == 0:
-            save_torch_file(
-                checkpoint_path,
-                {
-                    "epoch": epoch + 1,
-                    "model": model.state_dict(),
-                    "optimizer": [optimizer.state_dict() for optimizer in optimizers],
-                    "scheduler": [scheduler.state_dict() for scheduler in schedulers],
-                    "embedding_updates": mode,
-                    "best_loss": best_loss,
-                    "bad_epochs": bad_epochs,
-                    "best_state": best_state,
-                    "history": history,
-                },
-            )
+            save_torch_file(checkpoint_path, record.checkpoint(epoch + 1, model, optimization))
         if report is not None:
-            report(
-                Progress(
-                    epoch=epoch + 1,
-                    epochs=config.epochs,
-                    step=steps_per_epoch,
-                    steps_per_epoch=steps_per_epoch,
-                    loss=train_loss,
-                    eta_seconds=epoch_seconds * (config.epochs - epoch - 1),
-                    examples_per_second=record["examples_per_second"],
-                )
-            )
+            report(pace.after_epoch(epoch, train_loss, seconds))
         patience = config.early_stopping_patience
-        if val and patience is not None and bad_epochs >= patience:
+        if val and patience is not None and record.bad_epochs >= patience:
             stopped_early = True
             break
 
-    if best_state is not None:
-        model.load_state_dict(best_state)
+    if record.best_state is not None:
+        model.load_state_dict(record.best_state)
     model.sparse_gradients = False  # the returned model is for inference or dense training
-    last = history[-1] if history else {}
-    metrics: dict[str, Any] = {
-        "epochs_run": len(history),
-        "resumed_from_epoch": start_epoch,
-        "stopped_early": stopped_early,
-        "train_examples": len(data.train),
-        "validation_examples": len(data.validation),
-        "train_loss": last.get("train_loss"),
-        "best_validation_loss": best_loss if math.isfinite(best_loss) else None,
-        "examples_per_second": last.get("examples_per_second"),
-        "world_size": world_size,
-        "device": str(device),
-        "embedding_updates": mode,
-    }
-    if data.loss.classification and history:
-        metrics["validation_noisy_accuracy"] = max(
-            (h.get("validation_noisy_accuracy", 0.0) for h in history), default=None
-        )
-    return TrainResult(model=model.cpu(), metrics=metrics, history=history)
+    metrics = _metrics(
+        record, data, stopped_early=stopped_early, device=device, world_size=world_size, mode=mode
+    )
+    return TrainResult(model=model.cpu(), metrics=metrics, history=record.history)

@@ -130,9 +130,32 @@ def test_classification_with_mixup_and_debiased_loss(tmp_path: Path) -> None:
     assert (pred == true).mean() > 0.6  # true labels; chance is 1/3
 
 
-def test_interrupt_and_resume_from_checkpoint(tmp_path: Path) -> None:
-    fp, lp, _ = write_data(tmp_path, 2000)
-    s = spec(tmp_path, fp, lp, epochs=4, batch_size=500, hidden=[16], early_stopping_patience=None)
+RANDOM_PARTS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    # Mixup's λ and dropout draw from torch's global generators, which each process
+    # seeds afresh: a run is reproducible only if the loop seeds them itself.
+    "mixup+dropout": {
+        "task": "classification",
+        "loss": "cross-entropy",
+        "mixup_alpha": 0.4,
+        "dropout": 0.3,
+    },
+}
+
+
+@pytest.mark.parametrize("random_parts", RANDOM_PARTS.values(), ids=RANDOM_PARTS.keys())
+def test_interrupt_and_resume_from_checkpoint(tmp_path: Path, random_parts: dict[str, Any]) -> None:
+    classes = 3 if random_parts else None
+    fp, lp, _ = write_data(tmp_path, 2000, classes=classes)
+    manifest = {"mechanism": {"outputs": [0, 1, 2]}} if classes else None
+    config: dict[str, Any] = {
+        "epochs": 4,
+        "batch_size": 500,
+        "hidden": [16],
+        "early_stopping_patience": None,
+        **random_parts,
+    }
+    s = spec(tmp_path, fp, lp, manifest, **config)
 
     def stop_after_epoch_2(p: Progress) -> None:
         if p.epoch == 2 and p.step == p.steps_per_epoch:
@@ -145,15 +168,13 @@ def test_interrupt_and_resume_from_checkpoint(tmp_path: Path) -> None:
     assert resumed["resumed_from_epoch"] == 2
     assert [h["epoch"] for h in resumed["history"]] == [1.0, 2.0, 3.0, 4.0]
     # Deterministic per-epoch seeds: a straight run ends with the same weights.
-    straight = spec(
-        tmp_path / "b", fp, lp, epochs=4, batch_size=500, hidden=[16], early_stopping_patience=None
-    )
+    straight = spec(tmp_path / "b", fp, lp, manifest, **config)
     Path(straight.checkpoint_path).parent.mkdir()
     execute(straight)
     a = torch.load(s.artifact_path, weights_only=True)["state_dict"]
     b = torch.load(straight.artifact_path, weights_only=True)["state_dict"]
     for key in a:
-        torch.testing.assert_close(a[key], b[key])
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
 
 
 def test_early_stopping(tmp_path: Path) -> None:
