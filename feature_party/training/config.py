@@ -55,7 +55,12 @@ class TrainingConfig(BaseModel):
     validation_fraction: float = Field(default=0.1, ge=0, lt=1)
     early_stopping_patience: int | None = Field(default=5, ge=1)
     mixup_alpha: float = Field(default=0.0, ge=0, description="classification only; 0 = off")
-    seed: int = 0
+    seed: int = Field(
+        default=0,
+        description="the initial weights, the validation split, the batches, mixup and "
+        "dropout: the same job gives the same model on the CPU (GPU kernels may differ "
+        "in the last bits)",
+    )
     device: Device = Field(
         default="auto",
         description="'auto' (CUDA when present), 'cpu', 'cuda' (one GPU) or a number of GPUs",
