@@ -342,20 +342,56 @@ def randomize_with_example_priors(
     ``probabilities``: each example's prior is its row (post-processing: ε_p = 0,
     RRTop-k at ε). Sampling is :func:`rr_with_prior_sample`, batch by batch.
     """
-    from label_party.mechanisms.classification import rr_with_prior_sample, top_k_sets
-
     assert isinstance(plan.domain, ClassificationDomain)
     k = plan.domain.size
-    # Pass 1: class index and prior row of every example in scope. The ids are
-    # matched in one hash join (one hash table over the prior set, not one per batch).
+    labels, rows = _labels_and_prior_rows(priors, labels_file, selected, chunk_size)
+    if labels.size == 0:
+        raise InvalidRequestError("the release's scope holds no labelled examples")
+    prior_eps = Decimal(0)
+    if priors.kind == "groups":
+        assert priors.group_names is not None
+        prior_eps = prior_split(plan, k * len(priors.group_names), labels.size)
+    epsilon = float(plan.epsilon - prior_eps)
+    check_epsilon(epsilon)
+    scope = _ScopePriors(priors, rows, epsilon)
+    if priors.kind == "groups":
+        scope.add_noisy_group_histograms(labels, k, prior_eps, prior_rng)
+    batches = (ids for ids, _values in _batches(labels_file, selected, chunk_size))
+    k_star_counts = _write_with_priors(out_file, batches, labels, scope, rng, chunk_size)
+    params = {
+        "num_classes": k,
+        "prior_source": "groups" if priors.kind == "groups" else "example",
+        "prior_id": priors.prior_id,
+        "prior_sha256": priors.sha256,
+        **scope.public_groups(),
+        "k_star_counts": {str(j): int(c) for j, c in enumerate(k_star_counts.tolist()) if j and c},
+    }
+    classes = plan.domain.grid().tolist()
+    description = {
+        "name": "rr-with-prior",
+        "epsilon": epsilon,
+        "params": params,
+        "inputs": classes,
+        "outputs": classes,
+        "matrix": None,
+    }
+    return Randomized(
+        description=description, prior=None, prior_epsilon=prior_eps, num_labels=labels.size
+    )
+
+
+def _labels_and_prior_rows(
+    priors: LoadedPriors, labels_file: Path, selected: pa.Array | None, chunk_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each in-scope example's class index and its row of the prior set, matched in one
+    hash join (one hash table over the prior set, not one per batch). An example with
+    no prior is a 422 that names up to ``MAX_LISTED`` of them (ids only)."""
     labels_parts: list[np.ndarray] = []
     id_parts: list[pa.Array] = []
     for ids, values in _batches(labels_file, selected, chunk_size):
         id_parts.append(ids)
         labels_parts.append(np.asarray(values).astype(np.int64))
-    labels: np.ndarray[Any, np.dtype[np.int64]] = (
-        np.concatenate(labels_parts) if labels_parts else np.empty(0, np.int64)
-    )
+    labels = np.concatenate(labels_parts) if labels_parts else np.empty(0, np.int64)
     del labels_parts
     scope_ids = pa.chunked_array(id_parts, pa.string())
     del id_parts
@@ -368,77 +404,90 @@ def randomize_with_example_priors(
             f"{priors.prior_id}; nothing was spent",
             {"missing": len(missing), "example_ids": missing.slice(0, MAX_LISTED).to_pylist()},
         )
-    del scope_ids
-    rows = pos.to_numpy().astype(np.int64, copy=False)
-    del pos
-    n = labels.size
-    if n == 0:
-        raise InvalidRequestError("the release's scope holds no labelled examples")
+    return labels, pos.to_numpy().astype(np.int64, copy=False)
 
-    params: dict[str, Any] = {
-        "num_classes": k,
-        "prior_source": "groups" if priors.kind == "groups" else "example",
-        "prior_id": priors.prior_id,
-        "prior_sha256": priors.sha256,
-    }
-    prior_eps = Decimal(0)
-    group_of: np.ndarray | None = None
-    group_priors: np.ndarray | None = None
-    if priors.kind == "groups":
-        assert priors.group_of_row is not None and priors.group_names is not None
-        num_groups = len(priors.group_names)
-        prior_eps = prior_split(plan, k * num_groups, n)
-        group_of = priors.group_of_row[rows]
-        _ids, group_priors = group_histograms(
-            labels, group_of, k, epsilon=prior_eps, num_groups=num_groups, rng=prior_rng
+
+@dataclass
+class _ScopePriors:
+    """The prior of each example in a release's scope, by its position there: its
+    row of the prior set (``probabilities``), or its group's noisy histogram; and
+    the size k* of its RRTop-k set at ``epsilon``."""
+
+    priors: LoadedPriors
+    rows: np.ndarray  # each in-scope example's row of the prior set
+    epsilon: float  # RRTop-k's
+    group_of: np.ndarray | None = None  # groups: each in-scope example's group
+    group_priors: np.ndarray | None = None  # groups: the G×K noisy histograms
+    group_k: np.ndarray | None = None  # groups: k* of each group
+    group_order: np.ndarray | None = None  # groups: classes by noisy count, per group
+
+    def add_noisy_group_histograms(
+        self, labels: np.ndarray, k: int, epsilon: Decimal, rng: IntegerRandom | None
+    ) -> None:
+        """The groups' label histograms with DLap(2/ε) noise (the release's ε_p)
+        and their RRTop-k sets."""
+        from label_party.mechanisms.classification import top_k_sets
+
+        assert self.priors.group_of_row is not None and self.priors.group_names is not None
+        self.group_of = self.priors.group_of_row[self.rows]
+        num_groups = len(self.priors.group_names)
+        _ids, self.group_priors = group_histograms(
+            labels, self.group_of, k, epsilon=epsilon, num_groups=num_groups, rng=rng
         )
-    epsilon = float(plan.epsilon - prior_eps)
-    check_epsilon(epsilon)
+        self.group_k, self.group_order = top_k_sets(self.group_priors, epsilon=self.epsilon)
 
-    def priors_of(start: int, stop: int) -> np.ndarray:
-        if group_of is not None and group_priors is not None:
-            block: np.ndarray = group_priors[group_of[start:stop]]
-            return block
-        assert priors.probabilities is not None
-        rows_block: np.ndarray = priors.probabilities[rows[start:stop]]
-        return rows_block
+    def block(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """The priors of the scope's examples ``start:stop`` (a batch) and their k*."""
+        from label_party.mechanisms.classification import top_k_sets
 
-    # Pass 2: sample and write, batch by batch (bounded memory: one batch of priors).
-    k_star_counts = np.zeros(k + 1, dtype=np.int64)
+        if self.group_of is not None:
+            assert self.group_priors is not None and self.group_k is not None
+            groups = self.group_of[start:stop]
+            return self.group_priors[groups], self.group_k[groups]
+        assert self.priors.probabilities is not None
+        block: np.ndarray = self.priors.probabilities[self.rows[start:stop]]
+        return block, top_k_sets(block, epsilon=self.epsilon)[0]
+
+    def public_groups(self) -> dict[str, Any]:
+        """For groups, what the manifest says of them: the noisy histograms and their
+        RRTop-k sets, public once released (post-processing)."""
+        if self.group_k is None or self.group_order is None or self.group_priors is None:
+            return {}
+        k, order = self.group_k, self.group_order
+        return {
+            "groups": self.priors.group_names,
+            "group_priors": self.group_priors.tolist(),
+            "group_k_star": k.tolist(),
+            "group_top_k": [order[g, : int(k[g])].tolist() for g in range(k.size)],
+        }
+
+
+def _write_with_priors(
+    out_file: Path,
+    batches: Iterator[pa.Array],
+    labels: np.ndarray,
+    scope: _ScopePriors,
+    rng: np.random.Generator,
+    chunk_size: int,
+) -> np.ndarray:
+    """Sample and write the release batch by batch (one batch of priors in memory);
+    how many examples had each RRTop-k size k* (a function of the priors only)."""
+    from label_party.mechanisms.classification import rr_with_prior_sample
+
+    k_star_counts: np.ndarray = np.zeros(0, dtype=np.int64)
     written = 0
     with pq.ParquetWriter(out_file, LABELS_SCHEMA, compression="snappy") as writer:
-        for ids, _values in _batches(labels_file, selected, chunk_size):
+        for ids in batches:
             stop = written + len(ids)
-            block = priors_of(written, stop)
+            block, k_star = scope.block(written, stop)
             noisy = rr_with_prior_sample(
-                labels[written:stop], block, epsilon=epsilon, rng=rng, chunk_size=chunk_size
+                labels[written:stop], block, epsilon=scope.epsilon, rng=rng, chunk_size=chunk_size
             )
-            if group_of is None:
-                k_star, _order = top_k_sets(block, epsilon=epsilon)
-                k_star_counts += np.bincount(k_star, minlength=k + 1)
+            counts = np.bincount(k_star, minlength=block.shape[1] + 1)
+            k_star_counts = counts if k_star_counts.size == 0 else k_star_counts + counts
             written = stop
             writer.write_table(
                 pa.table({"example_id": ids, "label": pa.array(noisy, pa.float64())}),
                 row_group_size=ROW_GROUP,
             )
-    if group_of is not None and group_priors is not None and priors.group_names is not None:
-        # Public once released: the noisy per-group histograms and their RRTop-k sets.
-        group_k, order = top_k_sets(group_priors, epsilon=epsilon)
-        k_star_counts = np.bincount(group_k[group_of], minlength=k + 1)
-        params["groups"] = priors.group_names
-        params["group_priors"] = group_priors.tolist()
-        params["group_k_star"] = group_k.tolist()
-        params["group_top_k"] = [order[g, : int(group_k[g])].tolist() for g in range(group_k.size)]
-    params["k_star_counts"] = {
-        str(j): int(c) for j, c in enumerate(k_star_counts.tolist()) if j and c
-    }
-    classes = plan.domain.grid().tolist()
-    description = {
-        "name": "rr-with-prior",
-        "epsilon": epsilon,
-        "params": params,
-        "inputs": classes,
-        "outputs": classes,
-        "matrix": None,
-    }
-    return Randomized(description=description, prior=None, prior_epsilon=prior_eps, num_labels=n)
+    return k_star_counts
