@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI
 from feature_party import exception_handlers
 from feature_party.config import Settings, get_settings
 from feature_party.db import Database, migrate
-from feature_party.deps import UNAUTHORIZED, is_admin, require_admin
+from feature_party.deps import admin_only, require_admin
 from feature_party.errors import PayloadTooLargeError
 from feature_party.feature_sets.endpoints import router as feature_sets_router
 from feature_party.jobs import service as jobs_service
@@ -62,8 +62,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         max_upload_bytes=settings.max_upload_bytes,
         max_json_bytes=settings.max_json_bytes,
         too_large=PayloadTooLargeError,
-        authorized=lambda headers: is_admin(headers.get("authorization"), admin_token),
-        unauthorized_message=UNAUTHORIZED,
+        authorized=admin_only(admin_token),
     )
     app.add_middleware(UnexpectedErrorMiddleware, logger=exception_handlers.ERROR_LOGGER)
     app.add_middleware(RequestLogMiddleware, logger="feature_party.access")  # outermost

@@ -9,9 +9,11 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.datastructures import Headers
 
 from feature_party.config import Settings
 from feature_party.db import Database
+from shared.limits import Authorizer
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -37,6 +39,15 @@ def is_admin(authorization: str | None, admin_token: str) -> bool:
     return scheme.lower() == "bearer" and secrets.compare_digest(
         token.strip().encode(), admin_token.encode()
     )
+
+
+def admin_only(admin_token: str) -> Authorizer:
+    """For :class:`shared.limits.BodyLimitMiddleware`: a body only with the token."""
+
+    async def refusal(headers: Headers) -> str | None:
+        return None if is_admin(headers.get("authorization"), admin_token) else UNAUTHORIZED
+
+    return refusal
 
 
 def require_admin(

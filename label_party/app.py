@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.datastructures import Headers
 
 from label_party import exception_handlers
 from label_party.audit.endpoints import router as audit_router
@@ -15,6 +14,7 @@ from label_party.clients.endpoints import router as clients_router
 from label_party.config import Settings
 from label_party.datasets.endpoints import router as datasets_router
 from label_party.db import connect, migrate, transaction
+from label_party.deps import known_caller
 from label_party.example_priors.endpoints import router as priors_router
 from label_party.exceptions import PayloadTooLargeError
 from label_party.health import router as health_router
@@ -62,10 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes,
         max_json_bytes=settings.max_json_bytes,
         too_large=PayloadTooLargeError,
-        # Tokens live in the database: the route checks them. Here only that one
-        # is sent, so that an anonymous caller's body is never read.
-        authorized=_has_bearer_token,
-        unauthorized_message="a bearer token is required",
+        authorized=known_caller(app),
     )
     app.add_middleware(UnexpectedErrorMiddleware, logger=exception_handlers.ERROR_LOGGER)
     app.add_middleware(RequestLogMiddleware, logger=ACCESS_LOGGER, observe=observe_request)
@@ -83,8 +80,3 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ):
         app.include_router(router)
     return app
-
-
-def _has_bearer_token(headers: Headers) -> bool:
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and bool(token.strip())

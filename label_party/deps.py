@@ -5,16 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated, TypeVar
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 
 from label_party.auth import Principal, authenticate
 from label_party.config import Settings
 from label_party.db import Database, transaction
-from label_party.exceptions import InvalidRequestError
+from label_party.exceptions import InvalidRequestError, UnauthorizedError
 from label_party.trainings.schemas import TrainingSpec
+from shared.limits import Authorizer
 from shared.protocol import ReleaseCreate
 
 T = TypeVar("T")
@@ -69,6 +71,28 @@ def get_principal(
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def known_caller(app: FastAPI) -> Authorizer:
+    """For :class:`shared.limits.BodyLimitMiddleware`: a body only from a caller whose
+    token authenticates (the admin's, or a client's or auditor's not revoked), so an
+    unknown token cannot make the service read, or spool to disk, an upload."""
+
+    def refusal(token: str) -> str | None:
+        settings: Settings = app.state.settings
+        try:
+            with transaction(app.state.db.reader) as session:
+                authenticate(session, token, settings.admin_token_value)
+        except UnauthorizedError as exc:
+            return exc.message
+        return None
+
+    async def check(headers: Headers) -> str | None:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        return await run_in_threadpool(refusal, token)
+
+    return check
 
 
 # The IETF draft's header, for clients written from the protocol diagram; the body's

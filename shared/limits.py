@@ -1,25 +1,31 @@
-"""Request bodies are bounded, and only a caller with credentials may send one.
+"""Request bodies are bounded, and only a caller the service knows may send one.
 
 FastAPI reads and parses a body before it resolves the authentication dependency,
 so without this an anonymous caller could make a service hold, or spool to disk,
 any body up to the upload limit before hearing 401. The middleware runs first:
 
-* a request that carries a body (POST, PUT, PATCH) without acceptable credentials
-  is answered 401 before one byte of it is read;
-* a multipart upload may reach ``max_upload_bytes``: a declared
-  ``Content-Length`` above it is 413 before reading, a chunked one is counted as
-  it streams and refused as soon as it passes, so it never fills the disk beyond;
-* any other body (JSON) may reach ``max_json_bytes``, a much smaller bound, since
-  it is parsed whole in memory: it is read here, 413 above the bound, and handed
-  on.
+* a request that carries a body (POST, PUT, PATCH) is answered 401 before one byte
+  of it is read unless ``authorized`` accepts its credentials (a known token, not
+  merely a token);
+* a multipart upload *to an operation that takes uploads* (:func:`upload_operations`) may
+  reach ``max_upload_bytes``: a declared ``Content-Length`` above it is 413 before
+  reading, a chunked one is counted as it streams and refused as soon as it
+  passes, so it never fills the disk beyond;
+* any other body may reach ``max_json_bytes``, a much smaller bound, since it is
+  parsed whole in memory: it is read here, 413 above the bound, and handed on.
+  That includes a body that calls itself multipart on a JSON route, which FastAPI
+  would otherwise read whole into memory up to the upload limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.errors import ServiceError, error_response
@@ -32,6 +38,23 @@ def is_multipart(content_type: str | None) -> bool:
     return (content_type or "").split(";")[0].strip().lower() == "multipart/form-data"
 
 
+#: Why a caller may not send a body (the 401's message), or None when it may.
+Authorizer = Callable[[Headers], Awaitable[str | None]]
+
+
+def upload_operations(app: Any) -> list[tuple[str, re.Pattern[str]]]:
+    """(method, path pattern) of each operation whose body may be a multipart upload,
+    as the application's OpenAPI schema declares it: form or file parameters, or
+    the body an endpoint that reads its form itself declares."""
+    operations = []
+    for path, methods in app.openapi().get("paths", {}).items():
+        for method, operation in methods.items():
+            content = (operation.get("requestBody") or {}).get("content") or {}
+            if "multipart/form-data" in content:
+                operations.append((method.upper(), compile_path(path)[0]))
+    return operations
+
+
 class BodyLimitMiddleware:
     def __init__(
         self,
@@ -40,27 +63,25 @@ class BodyLimitMiddleware:
         max_upload_bytes: int,
         max_json_bytes: int,
         too_large: type[ServiceError],
-        authorized: Callable[[Headers], bool],
-        unauthorized_message: str,
+        authorized: Authorizer,
     ) -> None:
         self.app = app
         self.max_upload_bytes = max_upload_bytes
         self.max_json_bytes = max_json_bytes
         self.too_large = too_large
         self.authorized = authorized
-        self.unauthorized_message = unauthorized_message
+        self.uploads: list[tuple[str, re.Pattern[str]]] | None = None  # on the first body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if not self.authorized(headers):
-            await error_response(401, "unauthorized", self.unauthorized_message)(
-                scope, receive, send
-            )
+        refusal = await self.authorized(headers)
+        if refusal is not None:
+            await error_response(401, "unauthorized", refusal)(scope, receive, send)
             return
-        upload = is_multipart(headers.get("content-type"))
+        upload = is_multipart(headers.get("content-type")) and self._takes_uploads(scope)
         limit = self.max_upload_bytes if upload else self.max_json_bytes
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -74,6 +95,16 @@ class BodyLimitMiddleware:
             await self._refuse(limit, upload)(scope, receive, send)
             return
         await self.app(scope, _replaying(body, receive), send)
+
+    def _takes_uploads(self, scope: Scope) -> bool:
+        """Whether the request goes to an operation that takes uploads (``scope["app"]``
+        is the application; its routes are all included by the first request)."""
+        if self.uploads is None:
+            self.uploads = upload_operations(scope["app"])
+        path, root = scope["path"], scope.get("root_path", "")
+        path = path[len(root) :] if root and path.startswith(root) else path  # as routing does
+        method = scope["method"]
+        return any(m == method and pattern.match(path) for m, pattern in self.uploads)
 
     def _refuse(self, limit: int, upload: bool) -> JSONResponse:
         kind = "uploads" if upload else "non-upload request bodies"

@@ -198,6 +198,9 @@ def test_bodies_are_bounded_and_anonymous_bodies_are_refused_first(tmp_path: Pat
         assert r.status_code == 401 and r.json()["error"] == "unauthorized"
         r = fp.post("/v1/jobs", headers=AUTH, json=job)
         assert r.status_code == 413 and r.json()["detail"] == {"limit": 1000}
+        # Calling itself multipart does not lift a JSON route to the upload bound.
+        r = fp.post("/v1/jobs", headers=AUTH, files={"file": ("f.csv", "x" * 2000)})
+        assert r.status_code == 413 and r.json()["detail"] == {"limit": 1000}, r.text
         r = fp.post("/v1/jobs", headers={**AUTH, "content-type": "application/json"},
                     content=iter([json.dumps(job).encode()]))  # fmt: skip
         assert r.status_code == 413 and r.json()["error"] == "payload_too_large"

@@ -277,9 +277,11 @@ def test_json_bodies_are_bounded_and_anonymous_bodies_are_refused_first(
     make_server: object,
 ) -> None:
     """A JSON body is parsed whole in memory: it has its own, smaller bound than an
-    upload. A body without a token is 401 before it is read (FastAPI would parse
-    it before resolving authentication)."""
-    server: Server = make_server(LABELDP_MAX_JSON_BYTES="1000").start()  # type: ignore[operator]
+    upload, also when it calls itself multipart. A body without a known token is 401
+    before it is read (FastAPI would parse it before resolving authentication)."""
+    server: Server = make_server(  # type: ignore[operator]
+        LABELDP_MAX_JSON_BYTES="1000", LABELDP_MAX_UPLOAD_BYTES="10000"
+    ).start()
     admin = server.client()
     ds = create_dataset(admin)
     big = {"mechanism": {"name": "laplace"}, "epsilon": 0.1, "parts": ["p" * 100] * 20}
@@ -287,6 +289,15 @@ def test_json_bodies_are_bounded_and_anonymous_bodies_are_refused_first(
     r = anonymous.post(f"/v1/datasets/{ds}/releases", json=big)
     assert r.status_code == 401 and r.json()["error"] == "unauthorized"
     assert r.headers["www-authenticate"] == "Bearer"
+    # Any token used to be enough to be read; now it must be one the service knows
+    # (past the upload bound: a body that was read would be 413).
+    huge_upload = {"files": {"file": ("l.csv", "example_id,label\n" + "e,1\n" * 5000)}}
+    r = server.client(token="made-up").post(f"/v1/datasets/{ds}/labels", **huge_upload)
+    assert r.status_code == 401 and r.json()["message"] == "unknown or revoked token", r.text
+    # Multipart on a JSON route: FastAPI would read it whole, up to the upload bound.
+    fake_form = {"files": {"file": ("x", b"x" * 5000)}}
+    r = admin.post(f"/v1/datasets/{ds}/releases", **fake_form)  # type: ignore[arg-type]
+    assert r.status_code == 413 and r.json()["detail"] == {"limit": 1000}, r.text
     r = admin.post(f"/v1/datasets/{ds}/releases", json=big)
     assert r.status_code == 413 and r.json()["detail"] == {"limit": 1000}
 
