@@ -88,6 +88,50 @@ def budget(session: Session, dataset: Dataset, part_names: Sequence[str]) -> Bud
     )
 
 
+def affordable(session: Session, dataset: Dataset, cost: Cost) -> bool:
+    """Whether ``cost`` fits the dataset's budget now (a read: nothing is held)."""
+    ok, _eps_left, _delta_left = fits(
+        spend_of(session, dataset.id),
+        cost,
+        epsilon_budget=dataset.epsilon_budget,
+        delta_budget=dataset.delta_budget,
+    )
+    return ok
+
+
+def refuse_unless_affordable(
+    session: Session, principal: Principal, dataset: Dataset, cost: Cost, *, what: str
+) -> None:
+    """Refuse ``cost`` (409, audited as ``<what>.refused``) unless it fits the budget of
+    a dataset locked by :func:`lock_dataset`; ``what`` (``release`` or ``training``)
+    names the spender in the refusal's message."""
+    ok, eps_left, delta_left = fits(
+        spend_of(session, dataset.id),
+        cost,
+        epsilon_budget=dataset.epsilon_budget,
+        delta_budget=dataset.delta_budget,
+    )
+    if ok:
+        return
+    detail = {
+        "requested_epsilon": float(epsilon_decimal(cost.epsilon)),
+        "remaining_epsilon": float(epsilon_decimal(max(eps_left, 0))),
+        "requested_delta": float(delta_decimal(cost.delta)),
+        "remaining_delta": float(delta_decimal(max(delta_left, 0))),
+        "parts": None if cost.parts is None else list(cost.parts),
+    }
+    audit.append(
+        session,
+        actor=principal.id,
+        action=f"{what}.refused",
+        dataset_id=dataset.id,
+        payload={"reason": "budget_exceeded", **detail},
+    )
+    logger.info(f"{what} refused: budget exceeded", extra={"fields": {"dataset_id": dataset.id}})
+    message = _refusal(what, cost, eps_left, delta_left, dataset.delta_budget)
+    raise BudgetExceededError(message, detail)
+
+
 def reserve(
     session: Session,
     principal: Principal,
@@ -96,36 +140,9 @@ def reserve(
     *,
     what: str = "release",
 ) -> LedgerEntry:
-    """Record ``cost`` against a dataset locked by :func:`lock_dataset`, or refuse.
-
-    ``what`` names the spender (``release`` or ``training``) in the refusal's
-    audit action (``<what>.refused``) and message."""
-    ok, eps_left, delta_left = fits(
-        spend_of(session, dataset.id),
-        cost,
-        epsilon_budget=dataset.epsilon_budget,
-        delta_budget=dataset.delta_budget,
-    )
-    if not ok:
-        detail = {
-            "requested_epsilon": float(epsilon_decimal(cost.epsilon)),
-            "remaining_epsilon": float(epsilon_decimal(max(eps_left, 0))),
-            "requested_delta": float(delta_decimal(cost.delta)),
-            "remaining_delta": float(delta_decimal(max(delta_left, 0))),
-            "parts": None if cost.parts is None else list(cost.parts),
-        }
-        audit.append(
-            session,
-            actor=principal.id,
-            action=f"{what}.refused",
-            dataset_id=dataset.id,
-            payload={"reason": "budget_exceeded", **detail},
-        )
-        logger.info(
-            f"{what} refused: budget exceeded", extra={"fields": {"dataset_id": dataset.id}}
-        )
-        message = _refusal(what, cost, eps_left, delta_left, dataset.delta_budget)
-        raise BudgetExceededError(message, detail)
+    """Record ``cost`` against a dataset locked by :func:`lock_dataset`, or refuse
+    (:func:`refuse_unless_affordable`)."""
+    refuse_unless_affordable(session, principal, dataset, cost, what=what)
     entry = LedgerEntry(
         id=str(uuid.uuid4()),
         dataset_id=dataset.id,

@@ -49,6 +49,7 @@ router = APIRouter(tags=["releases"])
 async def create_release(
     dataset_id: str,
     body: ReleaseCreate,
+    request: Request,
     response: Response,
     session: SessionDep,
     settings: SettingsDep,
@@ -56,9 +57,12 @@ async def create_release(
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> ReleaseRead:
     body = with_idempotency_key(body, idempotency_key)
+    unlocked = request.app.state.db.reader
 
     def work() -> tuple[ReleaseRead, bool]:
-        release, created = service.create(session, settings, principal, dataset_id, body)
+        release, created = service.create(
+            session, settings, principal, dataset_id, body, unlocked=unlocked
+        )
         return service.to_read(session, release), created
 
     manifest, created = await in_worker_thread(work)

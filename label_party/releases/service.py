@@ -29,6 +29,7 @@ import os
 import random
 import signal
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,12 +37,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
 from label_party.auth import Principal, require, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
+from label_party.db import transaction
 from label_party.example_priors import service as example_priors
 from label_party.exceptions import (
     ConflictError,
@@ -173,15 +175,70 @@ def _generators(
     )
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """What a release request asks for, checked against its dataset (ids only)."""
+
+    plan: ReleasePlan
+    parts: tuple[str, ...] | None
+    selected: pa.Array | None  # the ids in scope, or None for the whole dataset
+    in_scope: int  # labelled examples in scope
+    cost: Cost
+
+
+def _scope(settings: Settings, session: Session, dataset: Dataset, body: ReleaseCreate) -> _Scope:
+    if dataset.labels_sha256 is None:
+        raise ConflictError("the dataset has no labels yet")
+    plan = _plan(body, dataset)
+    parts = normalize_parts(body.parts)
+    selected = None if parts is None else _selected_ids(settings, session, dataset, parts)
+    in_scope = _labels_in_scope(settings, dataset, selected)
+    return _Scope(plan, parts, selected, in_scope, Cost(epsilon_units(body.epsilon), 0, parts))
+
+
+def _precheck(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    dataset_id: str,
+    body: ReleaseCreate,
+) -> None:
+    """The fit of the mechanism to a uniform prior (:func:`preflight`; seconds for a
+    large LP), in a read transaction that locks nothing, leaving its verdict in
+    preflight's cache; not for a replay or a request beyond the budget, which
+    :func:`create` answers at once. A refusal here is the one :func:`create` would
+    give."""
+    dataset = visible_dataset(session, principal, dataset_id)
+    key = body.idempotency_key
+    if key is not None and (
+        repository.by_idempotency_key(session, dataset.id, key) is not None
+        or repository.failure_by_idempotency_key(session, dataset.id, key) is not None
+    ):
+        return
+    scope = _scope(settings, session, dataset, body)
+    if ledger.affordable(session, dataset, scope.cost):
+        preflight(scope.plan, scope.in_scope)
+
+
 def create(
     session: Session,
     settings: Settings,
     principal: Principal,
     dataset_id: str,
     body: ReleaseCreate,
+    *,
+    unlocked: sessionmaker[Session],
 ) -> tuple[Release, bool]:
-    """The release for ``body`` and whether it was made now (False: an idempotent replay)."""
+    """The release for ``body`` and whether it was made now (False: an idempotent replay).
+
+    The slow free check runs first in a short read transaction of ``unlocked``
+    (:func:`_precheck`), before ``session`` locks the dataset row, which on SQLite
+    is the whole database's write lock: a large LP's fit there held every other
+    writer, for free, for as long as it took (and a request beyond the budget
+    is refused under the lock before any fit)."""
     require(principal, "admin", "client")
+    with transaction(unlocked) as reader:
+        _precheck(reader, settings, principal, dataset_id, body)
     dataset = visible_dataset(session, principal, dataset_id)
     dataset = ledger.lock_dataset(session, dataset.id)
     digest = fingerprint(body)
@@ -200,18 +257,14 @@ def create(
                     "this idempotency key was used for a different request"
                 )
             raise _failure_error(failed.mechanism, session.get(LedgerEntry, failed.ledger_entry_id))
-    if dataset.labels_sha256 is None:
-        raise ConflictError("the dataset has no labels yet")
-    plan = _plan(body, dataset)
-    parts = normalize_parts(body.parts)
-    selected = None if parts is None else _selected_ids(settings, session, dataset, parts)
-    priors = _example_priors(session, settings, dataset, plan)
-    in_scope = _labels_in_scope(settings, dataset, selected)
-    plan = preflight(plan, in_scope)
+    scope = _scope(settings, session, dataset, body)
+    selected, in_scope = scope.selected, scope.in_scope
+    # Before the fit: a request the budget cannot afford costs no work under the lock.
+    ledger.refuse_unless_affordable(session, principal, dataset, scope.cost, what="release")
+    priors = _example_priors(session, settings, dataset, scope.plan)
+    plan = preflight(scope.plan, in_scope)
     with room.promised(settings, labels_path(settings, dataset), in_scope):
-        entry = ledger.reserve(
-            session, principal, dataset, Cost(epsilon_units(body.epsilon), 0, parts)
-        )
+        entry = ledger.reserve(session, principal, dataset, scope.cost)
         rng, prior_rng = _generators(settings, session, dataset)
         tmp = temp_path(settings.tmp_dir, ".parquet")
         try:
