@@ -19,7 +19,8 @@ import pyarrow.csv as pacsv
 
 from feature_party.errors import InvalidInputError, PayloadTooLargeError
 from feature_party.feature_sets.schemas import ColumnInfo, SchemaDeclaration
-from feature_party.training.data import ColumnRoles, as_string
+from feature_party.training.data import ColumnRoles
+from shared.columns import ColumnTypeError, as_categories, as_keys, as_numbers
 from shared.parquet import ParquetTooLargeError, read_parquet_bounded
 
 MAX_REPORTED = 20
@@ -84,7 +85,7 @@ def _infer_role(dtype: pa.DataType) -> str:
 def _numeric(column: pa.ChunkedArray, name: str, problems: list[dict[str, Any]]) -> pa.Array:
     dtype = column.type
     if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype):
-        return pc.cast(column, pa.float64())
+        return as_numbers(column, name)
     if pa.types.is_dictionary(dtype):
         column = pc.cast(column, dtype.value_type)
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
@@ -131,7 +132,10 @@ def ingest(path: Path, *, filename: str | None, schema: SchemaDeclaration | None
     else:
         roles = {c: _infer_role(raw.schema.field(c).type) for c in names if c != ID}
 
-    ids = as_string(raw.column(ID))
+    try:
+        ids = as_keys(raw.column(ID), ID)
+    except ColumnTypeError as exc:
+        raise _bad_file(str(exc), {"column": ID}) from None
     missing = _rows(pc.or_(pc.is_null(ids), pc.equal(ids, "")))
     if missing:
         problems.append({"column": ID, "rows": missing, "reason": "missing example_id"})
@@ -157,7 +161,10 @@ def ingest(path: Path, *, filename: str | None, schema: SchemaDeclaration | None
         if role == "numeric":
             arrays[name] = _numeric(raw.column(name), name, problems)
         elif role == "categorical":
-            arrays[name] = as_string(raw.column(name))
+            try:
+                arrays[name] = as_categories(raw.column(name), name)
+            except ColumnTypeError as exc:
+                problems.append({"column": name, "reason": str(exc)})
     if problems:
         raise _bad_file("the file has invalid rows or columns", problems)
     numeric = tuple(c.name for c in columns if c.role == "numeric")

@@ -28,6 +28,9 @@ def parse_schema(text: str | None) -> SchemaDeclaration | None:
     except json.JSONDecodeError as exc:
         detail = [{"loc": ["schema"], "msg": f"not JSON: {exc.msg}"}]
         raise InvalidInputError(message, detail=detail) from None
+    except RecursionError:
+        detail = [{"loc": ["schema"], "msg": "nested too deeply"}]
+        raise InvalidInputError(message, detail=detail) from None
     except ValidationError as exc:
         # The same shape as any other 422 here: where, and what is wrong.
         detail = [{"loc": ["schema", *map(str, e["loc"])], "msg": e["msg"]} for e in exc.errors()]

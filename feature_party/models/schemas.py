@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from feature_party.received_labels.schemas import LabelsPartyUrl
 from shared.tokens import BearerToken
 
 
@@ -46,6 +47,6 @@ class ModelImport(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    labels_party_url: str = Field(pattern=r"^https?://")
+    labels_party_url: LabelsPartyUrl
     token: BearerToken
     training_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_-]+$")

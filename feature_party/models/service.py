@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
@@ -24,6 +23,7 @@ from feature_party.models.schemas import ModelImport, ModelRead, Predictions
 from feature_party.orm import Model
 from feature_party.received_labels.service import UPSTREAM_ERRORS, make_client, upstream_error
 from feature_party.training.artifact import Predictor, load_artifact
+from shared.columns import ColumnTypeError, as_keys
 
 
 def get(session: Session, model_id: str) -> ModelRead:
@@ -158,7 +158,10 @@ def _predict(predictor: Predictor, table: pa.Table) -> Predictions:
     except (ValueError, pa.ArrowInvalid) as exc:
         raise InvalidInputError(f"cannot preprocess the rows: {exc}") from None
     if "example_id" in table.column_names:
-        id_column = pc.cast(table.column("example_id"), pa.string())
+        try:
+            id_column = as_keys(table.column("example_id"), "example_id")
+        except ColumnTypeError as exc:
+            raise InvalidInputError(str(exc)) from None
         if id_column.null_count:
             raise InvalidInputError(
                 "example_id is missing in some rows: give it in every row or in none",
@@ -194,7 +197,7 @@ def _rows_table(rows: list[dict[str, object]]) -> pa.Table:
         values = [row.get(name) for row in rows]
         try:
             columns[name] = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # 10**400 overflows int64
             text = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
             columns[name] = pa.array(text, pa.string())
     return pa.table(columns)

@@ -9,6 +9,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from feature_party.received_labels.schemas import LabelsPartyUrl
 from feature_party.training.config import TrainingConfig
 from shared.tokens import BearerToken
 
@@ -35,7 +36,7 @@ class MultistageCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     feature_set_id: str
-    labels_party_url: str = Field(pattern=r"^https?://")
+    labels_party_url: LabelsPartyUrl
     token: BearerToken
     dataset_id: str
     epsilon: float = Field(gt=0, description="ε of every stage's release; each part pays it once")

@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import httpx
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from shared.protocol import ReleaseCreate
 from shared.tokens import BearerToken
+
+
+def _usable_url(value: str) -> str:
+    """A URL the HTTP client can use: a bad host (``http://[::1``) is a 422 here, not a
+    500 when the client is built."""
+    try:
+        url = httpx.URL(value)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"not a usable URL: {exc}") from None
+    if not url.host:
+        raise ValueError("the URL has no host")
+    return value
+
+
+#: The labels party's base URL, as the features party's requests give it.
+LabelsPartyUrl = Annotated[
+    str, Field(pattern=r"^https?://", max_length=2000), AfterValidator(_usable_url)
+]
 
 
 class ReceivedLabelsCreate(BaseModel):
@@ -20,7 +39,7 @@ class ReceivedLabelsCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     feature_set_id: str
-    labels_party_url: str = Field(pattern=r"^https?://")
+    labels_party_url: LabelsPartyUrl
     token: BearerToken
     dataset_id: str
     release: ReleaseCreate | None = None

@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from shared.columns import as_categories
+
 __all__ = ["ColumnRoles", "Preprocessing", "Tensors", "fit_preprocessing"]
 
 
@@ -82,7 +84,7 @@ class Preprocessing:
         categorical = np.zeros((n, len(self.categorical)), dtype=np.int64)
         for j, name in enumerate(self.categorical):
             vocab = pa.array(self.vocabularies[j], type=pa.string())
-            idx = pc.index_in(as_string(table.column(name)), value_set=vocab)
+            idx = pc.index_in(as_categories(table.column(name), name), value_set=vocab)
             categorical[:, j] = pc.fill_null(idx, -1).to_numpy() + 1
         return Tensors(torch.from_numpy(numeric), torch.from_numpy(categorical))
 
@@ -129,13 +131,6 @@ def _first_non_number(column: pa.ChunkedArray | pa.Array) -> str:
     return f" (row {int(bad[0]) + 1})" if bad.size else ""
 
 
-def as_string(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """The column as Arrow strings (dictionary-decoded; numbers formatted)."""
-    if pa.types.is_dictionary(column.type):
-        column = pc.cast(column, column.type.value_type)
-    return column if pa.types.is_string(column.type) else pc.cast(column, pa.string())
-
-
 def fit_preprocessing(
     table: pa.Table, roles: ColumnRoles, *, max_vocab: int = 100_000, min_count: int = 1
 ) -> Preprocessing:
@@ -151,7 +146,7 @@ def fit_preprocessing(
         stds.append(std if std > 1e-12 else 1.0)
     vocabularies: list[list[str]] = []
     for name in roles.categorical:
-        counts = pc.value_counts(as_string(table.column(name)))
+        counts = pc.value_counts(as_categories(table.column(name), name))
         values = counts.field("values")
         freq = counts.field("counts")
         keep = pc.and_(pc.is_valid(values), pc.greater_equal(freq, min_count))

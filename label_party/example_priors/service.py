@@ -113,7 +113,7 @@ def _groups_table(source: IO[bytes], fmt: FileFormat) -> tuple[pa.Table, int]:
     table = read_table(source, fmt, ("example_id", "group"))
     if table.num_rows == 0:
         raise InvalidLabelsError("the file has no rows", [])
-    ids, groups = as_strings(table.column("example_id")), as_strings(table.column("group"))
+    ids, groups = as_strings(table, "example_id"), as_strings(table, "group")
     reasons = np.zeros(table.num_rows, dtype=np.int8)
     mark_ids(reasons, ids)
     mark_names(reasons, groups, MAX_GROUP_NAME)
@@ -161,7 +161,9 @@ def _as_floats(column: pa.ChunkedArray) -> np.ndarray:
     ):
         raise InvalidLabelsError("probabilities must be numbers", [])
     values: np.ndarray = (
-        pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+        pc.cast(column, pa.float64(), safe=False)  # a uint64 beyond 2⁵³ rounds; range checked
+        .to_numpy(zero_copy_only=False)
+        .astype(np.float64)
     )
     return values
 
@@ -195,7 +197,7 @@ def _probabilities_table(source: IO[bytes], fmt: FileFormat, k: int) -> pa.Table
     n = table.num_rows
     if n == 0:
         raise InvalidLabelsError("the file has no rows", [])
-    ids = as_strings(table.column("example_id"))
+    ids = as_strings(table, "example_id")
     reasons = np.zeros(n, dtype=np.int8)
     mark_ids(reasons, ids)
     p = _probability_matrix(table, k, reasons)

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from label_party.datasets.domain import ClassificationDomain, RegressionDomain
 from label_party.exceptions import InvalidLabelsError, InvalidRequestError, PayloadTooLargeError
+from shared.columns import ColumnTypeError, as_keys
 from shared.parquet import ParquetTooLargeError, read_parquet_bounded
 
 FileFormat = Literal["csv", "parquet", "jsonl"]
@@ -176,11 +177,13 @@ def _require_columns(names: list[str], columns: tuple[str, ...]) -> None:
         raise InvalidLabelsError(f"the file lacks column(s) {', '.join(missing)}", [])
 
 
-def as_strings(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """A column as strings (ids may arrive as integers)."""
-    if pa.types.is_null(column.type):
-        return pa.chunked_array([pa.nulls(len(column), pa.string())])
-    return pc.cast(column, pa.string())
+def as_strings(table: pa.Table, name: str) -> pa.ChunkedArray:
+    """A key column (ids, parts, groups) as strings: text or integers (422 otherwise)."""
+    try:
+        strings: pa.ChunkedArray = as_keys(table.column(name), name)
+    except ColumnTypeError as exc:
+        raise InvalidLabelsError(str(exc), []) from None
+    return strings
 
 
 def report(reasons: np.ndarray, names: tuple[str, ...]) -> None:
@@ -218,7 +221,7 @@ def _numbers(column: pa.ChunkedArray, reasons: np.ndarray) -> np.ndarray:
         column = pc.cast(pc.if_else(numeric, text, pa.scalar(None, pa.string())), pa.float64())
     elif pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
         mark(reasons, pc.is_null(column), MISSING_LABEL)
-        column = pc.cast(column, pa.float64())
+        column = pc.cast(column, pa.float64(), safe=False)  # beyond the domain: refused below
     elif pa.types.is_boolean(column.type):
         mark(reasons, pc.is_valid(column), NOT_NUMBER)
         mark(reasons, pc.is_null(column), MISSING_LABEL)
@@ -253,7 +256,7 @@ def validate(
     if n == 0:
         raise InvalidLabelsError("the file has no rows", [])
     reasons = np.zeros(n, dtype=np.int8)
-    ids = as_strings(table.column("example_id"))
+    ids = as_strings(table, "example_id")
     mark_ids(reasons, ids)
 
     raw = table.column("label")

@@ -96,7 +96,7 @@ def _parse(source: IO[bytes], fmt: FileFormat) -> tuple[pa.Table, dict[str, int]
     table = read_table(source, fmt, COLUMNS)
     if table.num_rows == 0:
         raise InvalidRequestError("the file has no rows")
-    ids, parts = as_strings(table.column("example_id")), as_strings(table.column("part"))
+    ids, parts = as_strings(table, "example_id"), as_strings(table, "part")
     reasons = np.zeros(table.num_rows, dtype=np.int8)
     mark_ids(reasons, ids)
     mark_names(reasons, parts, MAX_PART_NAME)

@@ -78,6 +78,7 @@ from label_party.storage import (
 from label_party.trainings import repository
 from label_party.trainings.plan import InfeasiblePlanError, noise_plan
 from label_party.trainings.schemas import TrainingRead, TrainingSpec
+from shared.columns import ColumnTypeError, as_keys, as_numbers
 from shared.lease_queue import Status
 from shared.parquet import ParquetTooLargeError, publish_by_hash, read_parquet_bounded, temp_path
 
@@ -138,13 +139,16 @@ def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
             {"non_numeric_columns": bad[:100]},
         )
     _require_finite(table, names)
-    ids = pc.cast(table.column("example_id"), pa.string())
+    try:
+        ids = as_keys(table.column("example_id"), "example_id")
+    except ColumnTypeError as exc:
+        raise InvalidRequestError(str(exc)) from None
     if ids.null_count:
         raise InvalidRequestError("example_id is missing in some rows")
     if len(pc.unique(ids)) != table.num_rows:
         raise InvalidRequestError("example_id values must be unique")
     columns = {"example_id": ids}
-    columns.update({c: pc.cast(table.column(c), pa.float32()) for c in names})
+    columns.update({c: as_numbers(table.column(c), c, pa.float32()) for c in names})
     return pa.table(columns)
 
 
@@ -158,7 +162,7 @@ def _require_finite(table: pa.Table, names: list[str]) -> None:
     would otherwise train on silently imputed zeros."""
     problems = []
     for name in names:
-        column = pc.cast(table.column(name), pa.float64())
+        column = as_numbers(table.column(name), name)
         fits = pc.less_equal(pc.abs(column), FLOAT32_MAX)  # false for NaN, null for null
         finite = pc.fill_null(fits, False).to_numpy(zero_copy_only=False)
         bad = np.flatnonzero(~finite)

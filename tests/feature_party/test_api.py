@@ -35,6 +35,12 @@ from tests.feature_party.conftest import (
 from tests.feature_party.fake_labels_party import TOKEN, FakeLabelsParty, free_port
 
 
+def parquet_bytes(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
 def upload(
     client: httpx.Client, table: pa.Table, *, schema: dict[str, list[str]] | None = None
 ) -> dict[str, Any]:
@@ -153,6 +159,37 @@ def test_bad_feature_files_are_422_with_reasons(
     body = r.json()
     assert body["error"] == "bad_file"
     assert expected in body["detail"]
+
+
+def test_columns_of_types_no_feature_has_are_422(client: httpx.Client) -> None:
+    """Lists, structs and binary ids or categories raised in pyarrow's casts (500);
+    a uint64 feature past 2⁶³ is a number like any other."""
+    table = synthetic(20, seed=2).features
+    listed = table.set_column(0, "example_id", pa.array([[i] for i in range(20)]))
+    r = client.post("/v1/feature-sets", headers=AUTH,
+                    files={"file": ("f.parquet", parquet_bytes(listed))})  # fmt: skip
+    assert r.status_code == 422 and "text or integers" in r.json()["message"], r.text
+    structs = table.append_column("s", pa.array([{"a": i} for i in range(20)]))
+    schema = json.dumps({"numeric": ["x0"], "categorical": ["s"]})
+    r = client.post("/v1/feature-sets", headers=AUTH, data={"schema": schema},
+                    files={"file": ("f.parquet", parquet_bytes(structs))})  # fmt: skip
+    assert r.status_code == 422 and "cannot be a category" in r.text, r.text
+    huge = table.append_column("u", pa.array([2**64 - 1] * 20, pa.uint64()))
+    r = client.post("/v1/feature-sets", headers=AUTH,
+                    files={"file": ("f.parquet", parquet_bytes(huge))})  # fmt: skip
+    assert r.status_code == 201, r.text
+    deep = "[" * 100_000 + "]" * 100_000
+    r = client.post("/v1/feature-sets", headers=AUTH, data={"schema": deep},
+                    files={"file": ("f.parquet", parquet_bytes(table))})  # fmt: skip
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"] == "nested too deeply", r.text
+    for path, body in (
+        ("/v1/received-labels", {"feature_set_id": "f", "labels_party_url": "http://[::1",
+                                 "token": "t" * 40, "dataset_id": "d", "release_id": "r"}),
+        ("/v1/models/import", {"labels_party_url": "http://[::1", "token": "t" * 40,
+                               "training_id": "t"}),
+    ):  # fmt: skip
+        r = client.post(path, headers=AUTH, json=body)
+        assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
 
 
 def test_a_bad_schema_says_where(client: httpx.Client) -> None:
@@ -300,6 +337,20 @@ def test_receive_train_predict(
     partial = [dict(rows[0]), {k: v for k, v in rows[1].items() if k != "example_id"}]
     r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": partial})
     assert r.status_code == 422 and r.json()["detail"] == {"rows_without_example_id": 1}
+    # Values no column can hold are 422s naming the column, not 500s.
+    for odd in ({"example_id": {"a": 1}}, {"city": {"a": 1}}):
+        r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH,
+                        json={"rows": [{**rows[0], **odd}]})  # fmt: skip
+        assert r.status_code == 422, r.text
+    # Past float64 (as JSON allows) is not finite: imputed, as NaN and ±inf are.
+    r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH,
+                    json={"rows": [{**rows[0], "x0": 10**400}]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    listed = data.features.slice(0, 2)
+    listed = listed.set_column(0, "example_id", pa.array([["a"], ["b"]]))
+    r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH,
+                    files={"file": ("rows.parquet", parquet_bytes(listed))})  # fmt: skip
+    assert r.status_code == 422 and "example_id" in r.json()["message"], r.text
 
     artifact = client.get(f"/v1/models/{model_id}/artifact", headers=AUTH)
     assert artifact.status_code == 200

@@ -1,0 +1,78 @@
+"""Columns of uploaded tables, converted for use: keys as text, values as numbers.
+
+A Parquet file (or a JSON-lines value) may give a column any Arrow type: lists,
+structs, binary, unsigned 64-bit integers. pyarrow's casts raise on what they
+cannot convert, and those exceptions reached users as 500s. These conversions
+accept the types that mean something here and raise :class:`ColumnTypeError`,
+naming the column and its type (never a value: DESIGN.md §3.1), for the rest;
+each service turns it into its own 422.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Column: TypeAlias = pa.ChunkedArray | pa.Array
+
+
+class ColumnTypeError(ValueError):
+    """A column whose type cannot serve; the message says which and why."""
+
+
+def _cast(column: Column, dtype: pa.DataType, *, safe: bool = True) -> Column:
+    cast: Column = pc.cast(column, dtype, safe=safe)
+    return cast
+
+
+def _decoded(column: Column) -> Column:
+    if pa.types.is_dictionary(column.type):
+        return _cast(column, column.type.value_type)
+    return column
+
+
+def _is_text(dtype: pa.DataType) -> bool:
+    return bool(pa.types.is_string(dtype) or pa.types.is_large_string(dtype))
+
+
+def _is_number(dtype: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype)
+    )
+
+
+def as_keys(column: Column, name: str) -> Column:
+    """An id (or part, or group) column as strings: text, or integers written in
+    decimal; all nulls is a column of nulls."""
+    column = _decoded(column)
+    if pa.types.is_null(column.type):
+        return _cast(column, pa.string())
+    if _is_text(column.type) or pa.types.is_integer(column.type):
+        return _cast(column, pa.string())
+    raise ColumnTypeError(f"{name} must be text or integers; the file's column is {column.type}")
+
+
+def as_categories(column: Column, name: str) -> Column:
+    """A categorical column as strings: text, integers, booleans or floats (as written)."""
+    column = _decoded(column)
+    dtype = column.type
+    if (
+        _is_text(dtype)
+        or _is_number(dtype)
+        or pa.types.is_boolean(dtype)
+        or pa.types.is_null(dtype)
+    ):
+        return _cast(column, pa.string())
+    raise ColumnTypeError(f"column {name!r} cannot be a category: its type is {dtype}")
+
+
+def as_numbers(column: Column, name: str, dtype: pa.DataType | None = None) -> Column:
+    """A numeric column as floats (``dtype``, float64 by default). Integers beyond
+    the float's exact range round (a 64-bit count of 2⁶⁴ − 1 is 1.8e19, not an
+    error); the caller checks the range it needs."""
+    column = _decoded(column)
+    if _is_number(column.type) or pa.types.is_null(column.type):
+        return _cast(column, dtype or pa.float64(), safe=False)
+    raise ColumnTypeError(f"column {name!r} must be numeric; its type is {column.type}")
