@@ -31,6 +31,8 @@ class RegressionDomain(BaseModel):
     def _check(self) -> RegressionDomain:
         if not (math.isfinite(self.min) and math.isfinite(self.max)) or self.min >= self.max:
             raise ValueError("the domain needs finite min < max")
+        if not math.isfinite(self.max - self.min):  # the sensitivity of additive noise
+            raise ValueError("max − min must be a finite float (at most 1.8e308)")
         if self.step is not None and self.grid_size is not None:
             raise ValueError("give either step or grid_size, not both")
         if self.step is not None:

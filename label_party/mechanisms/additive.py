@@ -839,6 +839,17 @@ class ExponentialMechanism(ContinuousMechanism):
 # -- factories --------------------------------------------------------------------
 
 
+def _finite_noise(lo: float, hi: float, eps: float) -> None:
+    """Refuse a domain and ε whose noise overflows a float: a noisy label is the label
+    plus a draw of up to ~40 scales (2Δ/ε at most), and past float64's range the
+    release would be ±inf or NaN. Label-independent: a free refusal."""
+    if not math.isfinite(64 * (abs(lo) + abs(hi) + 2 * (hi - lo) / eps)):
+        raise MechanismError(
+            f"noise of scale (max − min)/ε over [{lo:g}, {hi:g}] at ε = {eps:g} overflows "
+            "a float: narrow the domain or raise ε"
+        )
+
+
 def _common(
     request: FitRequest, allowed: set[str], mechanism: str
 ) -> tuple[float, float, float, bool, bool]:
@@ -846,6 +857,7 @@ def _common(
     params = request.params
     check_params(params, allowed, mechanism)
     lo, hi = _bounds(request)
+    _finite_noise(lo, hi, eps)
     clip = _bool_param(params, "clip")
     discrete = _bool_param(params, "discrete")
     if discrete:
@@ -925,4 +937,5 @@ def exponential_from_request(request: FitRequest) -> Mechanism:
     eps = check_epsilon(request.epsilon)
     check_params(request.params, set(), "exponential")
     lo, hi = _bounds(request)
+    _finite_noise(lo, hi, eps)
     return ExponentialMechanism("exponential", eps, lo, hi)

@@ -335,6 +335,23 @@ def test_non_finite_and_huge_amounts_say_what_is_wrong(server: Server) -> None:
     assert r.status_code == 422 and "at most 4611686.018427387904" in r.json()["message"]
 
 
+def test_a_domain_whose_noise_overflows_a_float_is_refused_free(server: Server) -> None:
+    """[−1.7e308, 1.7e308] passed (finite ends) and its releases were charged and
+    all ±inf/NaN; a finite width whose noise at a small ε overflows is refused
+    before anything is reserved."""
+    admin = server.client()
+    body = {"name": "x", "task": "regression", "label_domain": {"min": -1.7e308, "max": 1.7e308},
+            "epsilon_budget": 1}  # fmt: skip
+    r = admin.post("/v1/datasets", json=body)
+    assert r.status_code == 422 and "max − min" in r.text, r.text
+    ds = create_dataset(admin, domain={"min": 0, "max": 1e306})
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    for mechanism in ("laplace", "staircase", "exponential"):
+        r = release(admin, ds, 0.01, mechanism={"name": mechanism})
+        assert r.status_code == 422 and "overflows" in r.json()["message"], r.text
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+
+
 def test_metrics_still_count_when_the_ledger_cannot_be_read(tmp_path: Path) -> None:
     from label_party.db import connect
     from label_party.observability import scrape
