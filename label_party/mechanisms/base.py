@@ -189,6 +189,11 @@ class Mechanism(ABC):
         """Public description: enough for the features party to post-process."""
 
 
+#: The largest transition matrix a description (a release's manifest) carries:
+#: about 5 MB of JSON. Past it the matrix is null; inputs, outputs and parameters stay.
+DESCRIBED_MATRIX_MAX_ENTRIES = 250_000
+
+
 @dataclass(frozen=True, eq=False)
 class FiniteMechanism(Mechanism):
     """A mechanism given by its transition matrix.
@@ -241,13 +246,17 @@ class FiniteMechanism(Mechanism):
         return result
 
     def describe(self) -> dict[str, Any]:
+        """Name, ε, parameters, inputs and outputs; the matrix too, up to
+        ``DESCRIBED_MATRIX_MAX_ENTRIES`` entries (every release's manifest carries
+        this: 2001 values made 84 MB of JSON per release)."""
+        small = self.matrix.size <= DESCRIBED_MATRIX_MAX_ENTRIES
         return {
             "name": self.name,
             "epsilon": self.epsilon,
             "params": self.params,
             "inputs": self.inputs.tolist(),
             "outputs": self.outputs.tolist(),
-            "matrix": self.matrix.tolist(),
+            "matrix": self.matrix.tolist() if small else None,
         }
 
     # -- sampling ---------------------------------------------------------------

@@ -23,9 +23,10 @@ from label_party.mechanisms.base import (
 from label_party.mechanisms.classification import RandomizedResponse, RRTopK
 from label_party.mechanisms.registry import fit, get_spec
 
-#: Randomized response (and RRTop-k) over more classes previews without its K×K
-#: matrix (``outputs`` and ``matrix`` null): its parameters say it all.
-PREVIEW_MAX_CLASSES = 1000
+#: A preview carries a transition matrix of at most this many entries (about 20 MB
+#: of JSON); past it ``outputs`` and ``matrix`` are null and the parameters say it
+#: all (randomized response over K classes: K ≤ 1000).
+PREVIEW_MAX_MATRIX_ENTRIES = 1_000_000
 
 
 def preview(
@@ -41,10 +42,11 @@ def preview(
     """Fit ``mechanism`` and report outputs, matrix, noisy-label loss and bias.
 
     ``noisy_label_loss`` is E[ℓ(ŷ, y)] with y drawn from ``prior``; ``max_abs_bias``
-    is max over ``values`` of |E[M(y)] − y|. Continuous mechanisms, and ``rr`` or
-    ``rr-with-prior`` over more than ``PREVIEW_MAX_CLASSES`` classes, report
-    ``None`` for ``outputs`` and ``matrix``. ``seconds`` is the fitting time only. ``selected``
-    and ``params`` describe the fitted mechanism (``auto`` names its choice and why).
+    is max over ``values`` of |E[M(y)] − y|. Continuous mechanisms, and finite ones
+    whose matrix has more than ``PREVIEW_MAX_MATRIX_ENTRIES`` entries (``rr`` over
+    more than 1000 classes), report ``None`` for ``outputs`` and ``matrix``.
+    ``seconds`` is the fitting time only. ``selected`` and ``params`` describe the
+    fitted mechanism (``auto`` names its choice and why).
     """
     spec = get_spec(mechanism)
     chosen: str = loss or ("zero-one" if spec.task == "classification" else "squared")
@@ -64,10 +66,10 @@ def preview(
     seconds = time.perf_counter() - start
     outputs = matrix = None
     if isinstance(fitted, RandomizedResponse | RRTopK) and (
-        fitted.num_classes <= PREVIEW_MAX_CLASSES
+        fitted.num_classes**2 <= PREVIEW_MAX_MATRIX_ENTRIES
     ):
         fitted = fitted.as_finite()
-    if isinstance(fitted, FiniteMechanism):
+    if isinstance(fitted, FiniteMechanism) and fitted.matrix.size <= PREVIEW_MAX_MATRIX_ENTRIES:
         outputs, matrix = fitted.outputs.tolist(), fitted.matrix.tolist()
     described = fitted.describe()
     return {

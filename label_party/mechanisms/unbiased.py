@@ -166,6 +166,10 @@ def dbrr_outputs(values: FloatArray, *, epsilon: float) -> FloatArray:
     return phi
 
 
+#: debiased-rr's matrix is dense K×K (8 bytes an entry, and as many again to sample).
+DEBIASED_RR_MAX_VALUES = 4096
+
+
 def debiased_rr(values: FloatArray, *, epsilon: float) -> FiniteMechanism:
     """ε-dbRR (Definition 23): randomized response over ``(Φ(y))_y``.
 
@@ -176,6 +180,11 @@ def debiased_rr(values: FloatArray, *, epsilon: float) -> FiniteMechanism:
     eps = check_epsilon(epsilon)
     v = _checked_values(values)
     k = v.size
+    if k > DEBIASED_RR_MAX_VALUES:
+        raise MechanismError(
+            f"debiased-rr builds a dense {k}×{k} matrix: at most {DEBIASED_RR_MAX_VALUES} "
+            "values; use a coarser grid, rr-on-bins or unbiased"
+        )
     e = math.exp(eps)
     matrix = np.full((k, k), 1.0 / (e + k - 1))
     np.fill_diagonal(matrix, e / (e + k - 1))

@@ -332,3 +332,27 @@ def test_from_request_refuses_bad_params(params: dict[str, object], match: str) 
     request = FitRequest(1.0, VALUES_IRREGULAR, _dirichlet(7, 1), params=params)
     with pytest.raises(MechanismError, match=match):
         from_request(request)
+
+
+def test_dense_matrices_are_bounded_where_they_travel() -> None:
+    """debiased-rr's K×K matrix: refused past 4096 values (a reviewer's 6000-value
+    preview peaked at 4.5 GB); left out of previews past 10⁶ entries and out of
+    descriptions (every release's manifest) past 250,000 (2001 values: 84 MB each)."""
+    from label_party.mechanisms.base import DESCRIBED_MATRIX_MAX_ENTRIES
+    from label_party.mechanisms.preview import PREVIEW_MAX_MATRIX_ENTRIES, preview
+    from label_party.mechanisms.unbiased import DEBIASED_RR_MAX_VALUES
+
+    with pytest.raises(MechanismError, match="at most 4096 values"):
+        debiased_rr(np.arange(DEBIASED_RR_MAX_VALUES + 1, dtype=float), epsilon=1.0)
+    small = debiased_rr(np.arange(500, dtype=float), epsilon=1.0)
+    assert small.matrix.size == DESCRIBED_MATRIX_MAX_ENTRIES
+    assert small.describe()["matrix"] is not None
+    large = debiased_rr(np.arange(501, dtype=float), epsilon=1.0)
+    described = large.describe()
+    assert described["matrix"] is None and len(described["outputs"]) == 501
+    for k, shown in ((1000, True), (1001, False)):
+        assert (k * k <= PREVIEW_MAX_MATRIX_ENTRIES) == shown
+        values = list(range(k))
+        out = preview(mechanism="debiased-rr", epsilon=1.0, values=values, prior=[1 / k] * k)
+        assert (out["matrix"] is not None) == shown and (out["outputs"] is not None) == shown
+        assert out["max_abs_bias"] < 1e-6  # still computed from the fitted mechanism
