@@ -21,7 +21,6 @@ from shared.protocol import ErrorBody
 
 #: Stable codes for errors raised by the framework itself (routing, auth headers).
 HTTP_CODES = {
-    400: "bad_request",
     401: "unauthorized",
     403: "forbidden",
     404: "not_found",
@@ -62,7 +61,11 @@ def validation_error_response(exc: RequestValidationError) -> JSONResponse:
 
 
 def http_error_response(status: int, detail: str, headers: Any = None) -> JSONResponse:
-    """An error the framework raised (routing, methods, auth headers)."""
+    """An error the framework raised (routing, methods, auth headers). Its 400s (a
+    body that is not JSON, or not UTF-8; a multipart body without its boundary)
+    are 422 ``invalid_request``, as every other body the services cannot accept."""
+    if status == 400:
+        status = 422
     response = error_response(status, HTTP_CODES.get(status, "http_error"), detail)
     if headers:
         response.headers.update(headers)

@@ -169,7 +169,8 @@ def get_spec(name: str) -> MechanismSpec:
         return MECHANISMS[name]
     except KeyError:
         known = ", ".join(sorted(MECHANISMS))
-        raise MechanismError(f"unknown mechanism {name!r}; known: {known}") from None
+        shown = repr(name) if len(name) <= 64 else f"{name[:64]!r}… ({len(name)} characters)"
+        raise MechanismError(f"unknown mechanism {shown}; known: {known}") from None
 
 
 def fit(

@@ -89,3 +89,20 @@ def test_a_bug_is_a_json_500_on_a_connection_that_stays_open(
         for rec in access  # type: ignore[attr-defined]
     ]
     assert "41.5" not in r.text
+
+
+@pytest.mark.parametrize("make", [_labels_party, _features_party], ids=["labels", "features"])
+def test_a_body_that_cannot_be_parsed_is_422_invalid_request(
+    make: Callable[[Path], FastAPI], tmp_path: Path
+) -> None:
+    """FastAPI and Starlette answer 400 for a body that is not JSON or not UTF-8, or a
+    multipart body without its boundary; DESIGN.md §6 says 422 for what is invalid."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    path = "/v1/mechanisms/preview" if make is _labels_party else "/v1/jobs"
+    upload = "/v1/datasets/x/labels" if make is _labels_party else "/v1/feature-sets"
+    with serve_app(make(tmp_path)) as url, httpx.Client(base_url=url, headers=auth) as c:
+        for body in (b"{not json", b'{"a": "\xff"}'):
+            r = c.post(path, content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
+        r = c.post(upload, content=b"x", headers={"content-type": "multipart/form-data"})
+        assert r.status_code in (404, 422) and r.json()["error"] != "bad_request", r.text
