@@ -94,7 +94,8 @@ class BudgetExceededError(LabelsPartyHTTPError):
 
 
 class ReleaseIntegrityError(LabelsPartyError):
-    """The downloaded labels do not match the manifest's SHA-256."""
+    """The downloaded labels do not match the manifest's SHA-256, or exceed the
+    size its label count allows."""
 
 
 #: Downloads of one file before a hash mismatch is an error: a transfer corrupted
@@ -319,11 +320,16 @@ class LabelsPartyClient:
         return _parsed(ReleaseRead, self._json("GET", f"/v1/releases/{path_segment(release_id)}"))
 
     def download_labels(
-        self, release_id: str, dest: Path, *, expected_sha256: str | None = None
+        self,
+        release_id: str,
+        dest: Path,
+        *,
+        expected_sha256: str | None = None,
+        max_bytes: int | None = None,
     ) -> str:
         """Stream the release's Parquet to ``dest`` and return its SHA-256. With
         ``expected_sha256``, a mismatch raises :class:`ReleaseIntegrityError` and
-        leaves nothing at ``dest``."""
+        leaves nothing at ``dest``; so does a file past ``max_bytes``."""
         return self._download(
             f"/v1/releases/{path_segment(release_id)}/labels",
             dest,
@@ -331,6 +337,7 @@ class LabelsPartyClient:
             what=f"release {release_id} labels",
             accept=PARQUET_MEDIA_TYPE,
             params={"format": "parquet"},
+            max_bytes=max_bytes,
         )
 
     def _download(
@@ -342,9 +349,11 @@ class LabelsPartyClient:
         what: str,
         accept: str,
         params: dict[str, Any] | None = None,
+        max_bytes: int | None = None,
     ) -> str:
         """Stream ``path`` to ``dest`` (retried: a download is safe to repeat) and
-        check its SHA-256 against ``expected_sha256`` and ``X-Content-SHA256``."""
+        check its SHA-256 against ``expected_sha256`` and ``X-Content-SHA256``; past
+        ``max_bytes`` it stops (a misbehaving server must not fill the disk)."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
 
@@ -360,7 +369,11 @@ class LabelsPartyClient:
                     response.read()
                     self._raise_for(response)
                 watchdog.progress(0)  # the headers came
+                received = 0
                 for chunk in response.iter_bytes():
+                    received += len(chunk)
+                    if max_bytes is not None and received > max_bytes:
+                        raise ReleaseIntegrityError(f"{what}: more than {max_bytes} bytes")
                     watchdog.progress(len(chunk))
                     digest.update(chunk)
                     out.write(chunk)

@@ -165,7 +165,9 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
             detail={"release_id": manifest.id},
         )
     try:
-        client.download_labels(manifest.id, tmp, expected_sha256=manifest.sha256)
+        client.download_labels(
+            manifest.id, tmp, expected_sha256=manifest.sha256, max_bytes=_most_bytes(manifest)
+        )
     except UPSTREAM_ERRORS as exc:
         raise _naming_release(upstream_error(exc), manifest.id, request) from None
     except OSError as exc:  # writing the download here failed, after the release was made
@@ -178,6 +180,14 @@ def _fetch(client: LabelsPartyClient, request: ReceivedLabelsCreate, tmp: Path) 
 #: Room a received release needs per label (its id, its value, Parquet's framing),
 #: and for the rest (the database's commit, a copy in flight).
 ROOM_PER_LABEL, ROOM_BASE = 128, 16 << 20
+
+#: A release file's size may not pass this per label (ids are the labels party's,
+#: of any length) plus ``ROOM_BASE``: a download past it is refused, not stored.
+MOST_BYTES_PER_LABEL = 4096
+
+
+def _most_bytes(manifest: ReleaseRead) -> int:
+    return manifest.num_labels * MOST_BYTES_PER_LABEL + ROOM_BASE
 
 
 def _check_room(settings: Settings, client: LabelsPartyClient, dataset_id: str, tmp: Path) -> None:

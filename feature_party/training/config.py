@@ -12,6 +12,10 @@ from feature_party.training.losses import CLASSIFICATION_LOSSES, LossName
 Device = Literal["auto", "cpu", "cuda"] | Annotated[StrictInt, Field(ge=1)]
 
 
+#: The widest hidden layer a job may ask for (two such layers: 2²⁸ weights, 1 GiB).
+MAX_WIDTH = 16_384
+
+
 class TrainingConfig(BaseModel):
     """Model, loss, optimizer and schedule. Defaults follow the papers' appendices
     (RMSProp, learning rate 1e-3 with cosine decay, batch 8192, embedding dim 8,
@@ -29,7 +33,7 @@ class TrainingConfig(BaseModel):
     learning_rate: float = Field(default=1e-3, gt=0, le=10)
     optimizer: Literal["rmsprop", "adam", "sgd"] = "rmsprop"
     momentum: float = Field(default=0.9, ge=0, lt=1, description="SGD only")
-    weight_decay: float = Field(default=1e-4, ge=0)
+    weight_decay: float = Field(default=1e-4, ge=0, le=1)
     schedule: Literal["cosine", "constant"] = "cosine"
     architecture: Literal["mlp", "cnn"] = Field(
         default="mlp",
@@ -57,6 +61,8 @@ class TrainingConfig(BaseModel):
     mixup_alpha: float = Field(default=0.0, ge=0, description="classification only; 0 = off")
     seed: int = Field(
         default=0,
+        ge=0,
+        le=2**32 - 1,
         description="the initial weights, the validation split, the batches, mixup and "
         "dropout: the same job gives the same model on the CPU (GPU kernels may differ "
         "in the last bits)",
@@ -84,8 +90,8 @@ class TrainingConfig(BaseModel):
             raise ValueError("device: the number of GPUs must be at least 1")
         if any(d < 1 for d in self.image_shape):
             raise ValueError("image_shape: channels, height and width must be positive")
-        if any(h < 1 for h in self.hidden):
-            raise ValueError("hidden layer widths must be positive")
+        if any(not 1 <= h <= MAX_WIDTH for h in self.hidden):
+            raise ValueError(f"hidden layer widths must be between 1 and {MAX_WIDTH}")
         return self
 
     def input_problem(self, numeric: int, categorical: int) -> str | None:

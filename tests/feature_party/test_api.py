@@ -438,6 +438,26 @@ def test_hash_mismatch_is_refused(
     assert r.status_code == 502
 
 
+def test_a_release_file_past_its_label_count_is_refused_not_stored(
+    client: httpx.Client,
+    settings: Settings,
+    labels_party: FakeLabelsParty,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A labels party that streams more than num_labels can make (bounded per label)
+    must not fill the data directory: the download stops there."""
+    data = synthetic(200)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    monkeypatch.setattr(received_labels_service, "MOST_BYTES_PER_LABEL", 1)
+    monkeypatch.setattr(received_labels_service, "ROOM_BASE", 1000)
+    fs = upload(client, data.features)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 502 and r.json()["error"] == "release_integrity_error", r.text
+    assert "more than 1200 bytes" in r.json()["message"]
+    assert not (settings.data_dir / "received").exists()
+    assert list((settings.data_dir / "tmp").glob("*")) == []
+
+
 def test_a_download_that_fails_after_the_release_names_the_release(
     client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
 ) -> None:

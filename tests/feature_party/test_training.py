@@ -285,3 +285,13 @@ def test_lazy_and_dense_embedding_updates_both_learn(tmp_path: Path) -> None:
         losses[updates] = result.metrics["best_validation_loss"]
     # Same data, same initial weights: the two updates end close to each other.
     assert losses["lazy"] == pytest.approx(losses["dense"], rel=0.1)
+
+
+def test_a_job_that_could_only_fail_in_the_worker_is_refused_up_front() -> None:
+    """A reviewer's jobs were accepted and failed in the worker: a weight decay of
+    1e308, a seed past 64 bits, hidden layers of 2³¹ units (77 GB)."""
+    for bad in ({"weight_decay": 1e308}, {"seed": 10**30}, {"seed": -1},
+                {"hidden": [2**31] * 16}):  # fmt: skip
+        with pytest.raises(ValueError):
+            TrainingConfig(**bad)  # type: ignore[arg-type]
+    assert TrainingConfig(seed=2**32 - 1, hidden=[16_384]).seed == 2**32 - 1
