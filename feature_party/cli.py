@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -76,12 +75,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         ("cancel", "cancel a queued or running job (its worker stops at the next step)"),
     ):
         p = jobs_sub.add_parser(name, help=help_)
-        p.add_argument("job_id")
-        p.add_argument(
-            "--url",
-            default=os.environ.get("LABELDP_FEATURE_PARTY_URL", "http://127.0.0.1:8002"),
-            help="service URL (env LABELDP_FEATURE_PARTY_URL)",
-        )
+        p.add_argument("job_id", help="the job's id (`jobs submit` prints it)")
+        service_url(p)
         p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
         p.set_defaults(handler=handlers[name])
 
@@ -103,7 +98,10 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "from LABELDP_LABELS_PARTY_TOKEN, never from the command line; the command "
         "authenticates to the features party with its admin token, LABELDP_ADMIN_TOKEN.",
     )
-    imp.add_argument("--labels-party-url", required=True)
+    imp.add_argument(
+        "--labels-party-url", required=True,
+        help="the labels party's base URL, where the training ran",
+    )  # fmt: skip
     imp.add_argument("--training", required=True, help="training id at the labels party")
     service_url(imp)
     imp.set_defaults(handler=run_models_import)
@@ -171,7 +169,7 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
         ("resume", "resume an interrupted or failed run (token from the environment)", "resume"),
     ):
         p = ms_sub.add_parser(name, help=help_)
-        p.add_argument("run_id")
+        p.add_argument("run_id", help="the run's id (`multistage start` prints it)")
         service_url(p)
         p.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
         p.set_defaults(handler=run_multistage, multistage_action=handler)

@@ -75,6 +75,7 @@ def call(
 
 
 def service_url(p: argparse.ArgumentParser) -> None:
+    """``--url``, the features party's, as every client command takes it."""
     p.add_argument(
         "--url",
         default=os.environ.get("LABELDP_FEATURE_PARTY_URL", "http://127.0.0.1:8002"),
@@ -124,7 +125,10 @@ def register_feature_sets(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "Column roles are inferred (numbers numeric, text categorical) unless --schema "
         "declares them. Prints the feature set, whose id the other commands take.",
     )
-    upload.add_argument("file", help="a .csv or .parquet file")
+    upload.add_argument(
+        "file",
+        help="Parquet (named .parquet or .pq, or by its content); any other file is read as CSV",
+    )
     upload.add_argument(
         "--schema",
         help='column roles: JSON {"numeric": [...], "categorical": [...]} or a path to it',
@@ -133,7 +137,9 @@ def register_feature_sets(sub: argparse._SubParsersAction[argparse.ArgumentParse
     service_url(upload)
     upload.set_defaults(handler=run_feature_sets_upload)
     get = fs_sub.add_parser("get", help="print a feature set as JSON")
-    get.add_argument("feature_set_id")
+    get.add_argument(
+        "feature_set_id", help="the feature set's id (`feature-sets upload` prints it)"
+    )
     service_url(get)
     get.set_defaults(
         handler=lambda a: _print(
@@ -182,7 +188,7 @@ def register_labels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     service_url(receive)
     receive.set_defaults(handler=run_labels_receive)
     get = labels_sub.add_parser("get", help="print received labels as JSON")
-    get.add_argument("labels_id")
+    get.add_argument("labels_id", help="the received labels' id (`labels receive` prints it)")
     service_url(get)
     get.set_defaults(
         handler=lambda a: _print(
@@ -264,8 +270,12 @@ def add_models_predict(models_sub: argparse._SubParsersAction[argparse.ArgumentP
         "optional) and print {example_id, prediction} as JSON, or write it with --output "
         "(.csv: one row per example; anything else: JSON).",
     )
-    predict.add_argument("model_id")
-    predict.add_argument("file", help="a .csv or .parquet file of feature rows")
+    predict.add_argument(
+        "model_id", help="the model's id (a succeeded job's model_id, or `models import`'s id)"
+    )
+    predict.add_argument(
+        "file", help="feature rows: Parquet (.parquet, .pq or by its content), else CSV"
+    )
     predict.add_argument("--output", help="write the predictions here instead of printing")
     service_url(predict)
     predict.set_defaults(handler=run_models_predict)

@@ -7,18 +7,52 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
-from label_party.mechanisms.registry import MECHANISMS
+from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismSpec
+from label_party.releases.pipeline import NOT_RELEASABLE
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.worker_loop import run_queue_worker
 
 
 class CommandError(Exception):
     """A command-line input the user must fix."""
+
+
+#: What ``release`` offers: every mechanism but those never released on their own
+#: (``randomized-rounding``, which ``mechanism preview`` still shows).
+RELEASABLE = sorted(set(MECHANISMS) - NOT_RELEASABLE)
+
+
+def privacy_amount(text: str) -> str:
+    """An argparse type for ε and δ amounts: a finite decimal number ≥ 0, sent as
+    typed (the API takes decimals, so 0.1 stays exactly 0.1); a bad one is a usage
+    error naming the option, before anything is sent."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(
+            f"expected a number such as 1 or 0.5, got {text!r}"
+        ) from None
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
+    return text.strip()
+
+
+def _summary(spec: MechanismSpec) -> str:
+    """A mechanism's line in ``mechanism preview --help``; ``auto``'s says what it
+    can choose from, which is regression losses only."""
+    if spec.name != "auto":
+        return spec.summary
+    by_choice: dict[str, list[str]] = {}
+    for loss, (name, _) in AUTO_CHOICES.items():
+        by_choice.setdefault(name, []).append(loss)
+    choices = "; ".join(f"{', '.join(losses)} → {name}" for name, losses in by_choice.items())
+    return f"regression only: picks by --loss and says why\n{'':<23}({choices}; refuses zero-one)"
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,7 +82,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     mech = commands.add_parser("mechanism", help="inspect label mechanisms without data")
     mech_cmds = mech.add_subparsers(dest="mechanism_command", required=True, metavar="ACTION")
-    names = "\n".join(f"  {s.name:<20} {s.summary}" for s in MECHANISMS.values())
+    names = "\n".join(f"  {s.name:<20} {_summary(s)}" for s in MECHANISMS.values())
     p = mech_cmds.add_parser(
         "preview",
         help="fit a mechanism to a prior; print outputs, matrix, loss and bias",
@@ -58,8 +92,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         epilog='Input file: {"values": [sorted label values], "prior": [probabilities]};\n'
         "for rr-with-prior, values are class indices and prior is the example's prior.",
     )
-    p.add_argument("--mechanism", required=True, choices=sorted(MECHANISMS), metavar="NAME")
-    p.add_argument("--epsilon", required=True, type=float)
+    p.add_argument(
+        "--mechanism", required=True, choices=sorted(MECHANISMS), metavar="NAME",
+        help="one of the mechanisms above",
+    )  # fmt: skip
+    p.add_argument("--epsilon", required=True, type=float, help="the mechanism's ε")
     p.add_argument("--loss", choices=LOSSES, help="default: squared (zero-one for classes)")
     p.add_argument("--mesh", type=int, help="output grid size for 'unbiased'")
     p.add_argument(
@@ -240,26 +277,36 @@ def _register_client_commands(
         "--domain", required=True,
         help='JSON, e.g. \'{"min": 0, "max": 100}\' or \'{"num_classes": 10}\'',
     )  # fmt: skip
-    p.add_argument("--epsilon-budget", required=True, help="the dataset's total ε")
     p.add_argument(
-        "--delta-budget", default="0",
+        "--epsilon-budget", required=True, type=privacy_amount, help="the dataset's total ε"
+    )
+    p.add_argument(
+        "--delta-budget", default="0", type=privacy_amount,
         help="the dataset's total δ (default 0: pure-DP releases only; LabelDP-Pro "
         "trainings spend δ)",
     )  # fmt: skip
     p.set_defaults(handler=_create_dataset)
     p = add("upload", "upload a dataset's labels (.csv, .parquet, .jsonl)")
     p.add_argument("dataset", help="the dataset's id")
-    p.add_argument("file", type=Path, help="columns example_id and label")
+    p.add_argument(
+        "file", type=Path,
+        help="columns example_id and label; by its name .csv or .txt (CSV), .parquet, "
+        ".jsonl, .ndjson or .json (JSON lines: one object a line)",
+    )  # fmt: skip
     p.set_defaults(handler=_upload)
     p = add("release", "spend ε on a release; prints its manifest")
     p.add_argument("dataset", help="the dataset's id")
     p.add_argument(
-        "--mechanism", required=True, choices=sorted(MECHANISMS), metavar="NAME",
-        help=f"one of {', '.join(sorted(MECHANISMS))} (docs/choosing.md says which fits)",
+        "--mechanism", required=True, choices=RELEASABLE, metavar="NAME",
+        help=f"one of {', '.join(RELEASABLE)} (docs/choosing.md says which fits; "
+        "`labeldp mechanism preview` tries one on a prior, free)",
     )  # fmt: skip
-    p.add_argument("--epsilon", required=True, help="all the ε this release spends")
+    p.add_argument(
+        "--epsilon", required=True, type=privacy_amount, help="all the ε this release spends"
+    )
     p.add_argument(
         "--prior-epsilon",
+        type=privacy_amount,
         help="the share of --epsilon spent on a private prior, for mechanisms that use one "
         "(default min(√(k/n), ε/2))",
     )
@@ -267,7 +314,8 @@ def _register_client_commands(
         "--parts", help="comma-separated parts of the partition plan (default: every example)"
     )
     p.add_argument(
-        "--idempotency-key", help="a retry with the same key returns the same release, spent once"
+        "--idempotency-key",
+        help="a retry with the same key (by the same client) returns the same release, spent once",
     )
     p.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE",
@@ -447,14 +495,20 @@ def _register_training_commands(
         return _add_connection(sub.add_parser(name, help=help_))
 
     p = add("create", "upload features and a spec; spends (ε, δ) now")
-    p.add_argument("--dataset", required=True)
+    p.add_argument(
+        "--dataset", required=True, help="the dataset's id (its labels are the training's)"
+    )
     p.add_argument(
         "--features", required=True, type=Path,
         help=".parquet, .csv or .jsonl: an example_id column and numeric feature columns",
     )  # fmt: skip
-    p.add_argument("--epsilon", required=True, help="charged to the dataset when accepted")
     p.add_argument(
-        "--delta", help="default: 1/n, n the labelled examples the features cover"
+        "--epsilon", required=True, type=privacy_amount,
+        help="charged to the dataset when accepted",
+    )  # fmt: skip
+    p.add_argument(
+        "--delta", type=privacy_amount,
+        help="default: 1/n, n the labelled examples the features cover",
     )  # fmt: skip
     p.add_argument(
         "--denoiser", choices=["noop", "self-span", "self-conv", "alt-conv"],
@@ -480,7 +534,7 @@ def _register_training_commands(
     p.add_argument("--watch", action="store_true", help="follow it until it ends")
     p.set_defaults(handler=_training_create)
     p = add("list", "print a dataset's trainings (yours, or all for the admin) as JSON")
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--dataset", required=True, help="the dataset's id")
     p.set_defaults(handler=_training_list)
     p = add("cancel", "cancel a queued or running training; its (ε, δ) stays spent")
     p.add_argument("training", help="the training's id")
@@ -492,7 +546,10 @@ def _register_training_commands(
         p.set_defaults(handler=_training_get if name == "get" else _training_watch)
     p = add("download", "download a trained model's artifact")
     p.add_argument("training", help="the training's id")
-    p.add_argument("--output", type=Path, required=True)
+    p.add_argument(
+        "--output", type=Path, required=True,
+        help="the file to write the model to (its SHA-256 is checked first)",
+    )  # fmt: skip
     p.set_defaults(handler=_training_download)
 
 
