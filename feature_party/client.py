@@ -644,6 +644,10 @@ def _parsed(model: type[ModelT], data: Any) -> ModelT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
+        fields = sorted({".".join(map(str, e["loc"])) or "(the answer)" for e in exc.errors()})
+        shown = ", ".join(fields[:10]) + (
+            f" and {len(fields) - 10} more" if len(fields) > 10 else ""
+        )
         raise LabelsPartyError(
-            f"the labels party's answer is not a {model.__name__} ({exc.error_count()} problems)"
+            f"the labels party's answer is not a {model.__name__}: check {shown}"
         ) from None

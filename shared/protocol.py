@@ -109,8 +109,9 @@ class PriorSetRead(BaseModel):
 
     ``kind`` ``groups``: a label-independent group per example (``num_groups``);
     ``probabilities``: K class probabilities per example (``num_classes``).
-    ``num_unmatched``: rows whose ``example_id`` the dataset's labels lack (kept;
-    ``None`` when no labels are uploaded yet)."""
+    ``num_unmatched``: in the upload's answer, rows whose ``example_id`` the dataset's
+    labels then lacked (kept; ``None`` when no labels were uploaded yet). Reads of a
+    stored set give ``None``: labels uploaded since would change the count."""
 
     id: str
     dataset_id: str
@@ -118,6 +119,8 @@ class PriorSetRead(BaseModel):
     num_rows: int
     num_groups: int | None = None
     num_classes: int | None = None
-    num_unmatched: int | None = None
+    num_unmatched: int | None = Field(
+        default=None, description="the upload's answer only: rows the labels then lacked"
+    )
     sha256: str
     created_at: datetime

@@ -47,6 +47,11 @@ def _rows(mask: pa.ChunkedArray | pa.Array) -> list[int]:
     return [int(i) + 1 for i in idx.slice(0, MAX_REPORTED).to_pylist()]
 
 
+#: Names of formats that are neither CSV nor Parquet, refused by name (anything
+#: else that is not Parquet is read as CSV).
+NOT_CSV = (".jsonl", ".json", ".ndjson", ".xlsx", ".xls", ".avro", ".orc", ".feather", ".arrow")
+
+
 def read_table(path: Path, *, filename: str | None, text_columns: Collection[str] = ()) -> pa.Table:
     """Parquet (by magic bytes or suffix) or CSV. A CSV's ``example_id`` and
     ``text_columns`` (declared categorical) are read as text, so ``01234`` stays
@@ -54,6 +59,9 @@ def read_table(path: Path, *, filename: str | None, text_columns: Collection[str
     with path.open("rb") as fh:
         magic = fh.read(4)
     name = (filename or "").lower()
+    if magic != b"PAR1" and name.endswith(NOT_CSV):
+        suffix = name.rsplit(".", 1)[-1]
+        raise _bad_file(f"feature files are CSV or Parquet; this one is .{suffix}")
     try:
         if magic == b"PAR1" or name.endswith((".parquet", ".pq")):
             return read_parquet_bounded(path, memory_map=True)

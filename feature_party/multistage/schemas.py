@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from feature_party.received_labels.schemas import LabelsPartyUrl
 from feature_party.training.config import TrainingConfig
@@ -66,6 +66,15 @@ class MultistageCreate(BaseModel):
     training: TrainingConfig = Field(
         default_factory=lambda: TrainingConfig(task="classification", loss="cross-entropy")
     )
+
+    @field_validator("training", mode="before")
+    @classmethod
+    def _classifier_by_default(cls, value: object) -> object:
+        """LP-MST trains classifiers: a training without a task (or loss) is one, so
+        what is refused is what was asked for, not the default regression task."""
+        if isinstance(value, dict):
+            return {"task": "classification", "loss": "cross-entropy", **value}
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -128,9 +128,14 @@ class Anchor:
 
     @classmethod
     def parse(cls, text: str) -> Anchor:
-        seq, _, digest = text.partition(":")
-        if not (seq.isdigit() and int(seq) >= 1 and len(digest) == 64):
-            raise ValueError("an anchor is SEQ:HASH, as a verification's head gives it")
+        seq, colon, digest = text.partition(":")
+        if not (colon and seq.isdigit() and int(seq) >= 1):
+            raise ValueError("an anchor is SEQ:HASH (SEQ ≥ 1), as a verification's head gives it")
+        if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+            raise ValueError(
+                f"an anchor's HASH is 64 hexadecimal characters (this one has {len(digest)}), "
+                "as a verification's head gives it"
+            )
         return cls(int(seq), digest.lower())
 
 

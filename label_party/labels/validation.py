@@ -140,6 +140,10 @@ def _jsonl_as_text(source: IO[bytes], columns: tuple[str, ...]) -> pa.Table:
         except ValueError:
             obj = None
         if not isinstance(obj, dict):
+            if record == 1 and line.lstrip().startswith(b"["):
+                raise InvalidLabelsError(
+                    "JSON lines expected: one object per line, not a JSON array", []
+                )
             rows.append({"row": record, "reason": "not a JSON object"})
             continue
         seen.update(obj)

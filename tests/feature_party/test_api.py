@@ -178,6 +178,9 @@ def test_columns_of_types_no_feature_has_are_422(client: httpx.Client) -> None:
     r = client.post("/v1/feature-sets", headers=AUTH,
                     files={"file": ("f.parquet", parquet_bytes(huge))})  # fmt: skip
     assert r.status_code == 201, r.text
+    jsonl = b'{"example_id": "u1", "x0": 3}\n'
+    r = client.post("/v1/feature-sets", headers=AUTH, files={"file": ("f.jsonl", jsonl)})
+    assert r.status_code == 422 and "CSV or Parquet" in r.json()["message"], r.text
     deep = "[" * 100_000 + "]" * 100_000
     r = client.post("/v1/feature-sets", headers=AUTH, data={"schema": deep},
                     files={"file": ("f.parquet", parquet_bytes(table))})  # fmt: skip

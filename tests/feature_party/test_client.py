@@ -144,8 +144,11 @@ def test_an_answer_of_the_wrong_shape_is_the_labels_party_s_error(tmp_path: Path
     with serve_app(app) as url, make(url) as c:
         with pytest.raises(LabelsPartyError, match="not JSON"):
             c.create_release("ds", REQUEST)
-        with pytest.raises(LabelsPartyError, match="not a ReleaseRead"):
+        with pytest.raises(
+            LabelsPartyError, match="not a ReleaseRead: check created_at, dataset_id"
+        ) as bad:
             c.get_release("r")
+        assert "sha256" in str(bad.value)  # every missing field named
 
 
 @pytest.mark.parametrize("headers_first", [False, True])

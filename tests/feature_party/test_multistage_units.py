@@ -70,6 +70,12 @@ def test_request_defaults_and_checks() -> None:
     body = MultistageCreate.model_validate(BASE)
     assert body.shares() == [0.4, 0.6] and body.training.task == "classification"
     assert MultistageCreate.model_validate({**BASE, "stages": 4}).shares() == [0.25] * 4
+    epochs_only = MultistageCreate.model_validate({**BASE, "training": {"epochs": 2}}).training
+    assert (epochs_only.task, epochs_only.loss, epochs_only.epochs) == (
+        "classification",
+        "cross-entropy",
+        2,
+    )
     public = body.public_config(seed=7)
     assert "token" not in public and public["seed"] == 7 and public["fractions"] == [0.4, 0.6]
     for bad, message in (
@@ -80,6 +86,8 @@ def test_request_defaults_and_checks() -> None:
             {"training": {"task": "classification", "loss": "cross-entropy", "init_model_id": "m"}},
             "init_model_id",
         ),
+        # Without a task the training is a classifier's: the refusal names the loss.
+        ({"training": {"loss": "rr-debiased-cross-entropy"}}, "use loss cross-entropy"),
         ({"epsilon": 0}, "greater than 0"),
         ({"labels_party_url": "ftp://x"}, "pattern"),
     ):

@@ -118,6 +118,9 @@ def test_an_anchor_kept_elsewhere_catches_a_rewritten_chain(server: Server) -> N
     assert result["ok"] is False and "shorter" in result["reason"]
     bad = admin.get("/v1/audit/verify", params={"anchor": "nonsense"})
     assert bad.status_code == 422
+    for anchor, says in (("1:abc", "has 3"), ("1:" + "g" * 64, "hexadecimal")):
+        bad = admin.get("/v1/audit/verify", params={"anchor": anchor})
+        assert bad.status_code == 422 and says in bad.text, bad.text
 
 
 @pytest.mark.parametrize(

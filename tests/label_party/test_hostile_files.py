@@ -43,6 +43,8 @@ def test_labels_with_unusable_id_or_label_types(server: Server) -> None:
         _refused(_labels(admin, ds, "l.parquet", body), "example_id", "text or integers")
     jsonl = b'{"example_id": {"a": 1}, "label": 5}\n'
     assert _labels(admin, ds, "l.jsonl", jsonl).status_code == 422
+    array = b'[{"example_id": "u1", "label": 5}, {"example_id": "u2", "label": 6}]'
+    _refused(_labels(admin, ds, "l.jsonl", array), "one object per line")
     huge = _parquet(pa.table({"example_id": ["a"], "label": pa.array([BIG], pa.uint64())}))
     r = _labels(admin, ds, "l.parquet", huge)
     assert r.status_code == 422 and r.json()["detail"]["rows"][0]["row"] == 1, r.text
