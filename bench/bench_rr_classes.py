@@ -31,7 +31,10 @@ def _manifest(k: int, *, matrix: bool) -> dict[str, Any]:
     start = time.perf_counter()
     mech = fit("rr", epsilon=1.0, values=np.arange(float(k)), prior=np.full(k, 1.0 / k))
     assert isinstance(mech, RandomizedResponse)
-    described = (mech.as_finite() if matrix else mech).describe()
+    described = mech.describe()
+    if matrix:  # the manifest before 0bdf212: the K×K matrix, whatever its size
+        finite = mech.as_finite()
+        described = {**finite.describe(), "matrix": finite.matrix.tolist()}
     size = len(json.dumps(described))
     return {"seconds": time.perf_counter() - start, "manifest_bytes": size}
 
