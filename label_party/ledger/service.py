@@ -88,15 +88,19 @@ def budget(session: Session, dataset: Dataset, part_names: Sequence[str]) -> Bud
     )
 
 
-def affordable(session: Session, dataset: Dataset, cost: Cost) -> bool:
-    """Whether ``cost`` fits the dataset's budget now (a read: nothing is held)."""
-    ok, _eps_left, _delta_left = fits(
+def _fit(session: Session, dataset: Dataset, cost: Cost) -> tuple[bool, int, int]:
+    """Whether ``cost`` fits the dataset's budget now, and the ε and δ units left."""
+    return fits(
         spend_of(session, dataset.id),
         cost,
         epsilon_budget=dataset.epsilon_budget,
         delta_budget=dataset.delta_budget,
     )
-    return ok
+
+
+def affordable(session: Session, dataset: Dataset, cost: Cost) -> bool:
+    """Whether ``cost`` fits the dataset's budget now (a read: nothing is held)."""
+    return _fit(session, dataset, cost)[0]
 
 
 def refuse_unless_affordable(
@@ -105,12 +109,7 @@ def refuse_unless_affordable(
     """Refuse ``cost`` (409, audited as ``<what>.refused``) unless it fits the budget of
     a dataset locked by :func:`lock_dataset`; ``what`` (``release`` or ``training``)
     names the spender in the refusal's message."""
-    ok, eps_left, delta_left = fits(
-        spend_of(session, dataset.id),
-        cost,
-        epsilon_budget=dataset.epsilon_budget,
-        delta_budget=dataset.delta_budget,
-    )
+    ok, eps_left, delta_left = _fit(session, dataset, cost)
     if ok:
         return
     detail = {
