@@ -10,6 +10,8 @@ database password may be in it.
 from __future__ import annotations
 
 import fcntl
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +51,9 @@ def load_settings(factory: Callable[[], T]) -> T:
 def prepare_data_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-check"
+        # A name of its own: two processes starting at once (two workers) shared
+        # ".write-check", and one's unlink made the other's fail with ENOENT.
+        probe = path / f".write-check-{os.getpid()}-{uuid.uuid4().hex}"
         probe.touch()
         probe.unlink()
     except OSError as exc:
