@@ -21,8 +21,9 @@ connection failed before the request was sent, or on a 429 (turned away unread).
 Exceptions::
 
     LabelsPartyError
-    ├── LabelsPartyUnavailableError   down, timing out or 5xx after all retries
-    ├── LabelsPartyHTTPError          a 4xx answer (status_code, error, message, detail)
+    ├── LabelsPartyUnavailableError   down, timing out, 429, 502, 503 or 504 after all retries
+    ├── LabelsPartyHTTPError          a 4xx answer, or a 500 (it failed) after all retries
+    │                                 (status_code, error, message, detail)
     │   └── BudgetExceededError       409 budget_exceeded
     └── ReleaseIntegrityError         downloaded bytes do not hash to the manifest's sha256
 """
@@ -79,7 +80,9 @@ class LabelsPartyUnavailableError(LabelsPartyError):
 
 
 class LabelsPartyHTTPError(LabelsPartyError):
-    """The labels party answered with an error (4xx)."""
+    """The labels party answered with an error: a 4xx, or a 5xx other than
+    :data:`UNAVAILABLE_STATUSES` (it failed, again on every retry), whose body
+    carries its request id for its operator."""
 
     def __init__(self, status_code: int, error: str, message: str, detail: Any = None) -> None:
         super().__init__(f"{status_code} {error}: {message}")
@@ -527,13 +530,16 @@ class LabelsPartyClient:
         uploading: bool = False,
     ) -> T:
         last = ""
+        failed: LabelsPartyHTTPError | None = None  # the last answer, when it was a failure
         for i in range(self.retries + 1):
             try:
                 return self._watched(attempt, streaming=streaming, uploading=uploading)
             except _ServerError as exc:
-                last = str(exc)
+                last, failed = str(exc), exc.failure
                 if exc.processed and not idempotent:
-                    raise LabelsPartyUnavailableError(f"{what}: {last}", attempts=i + 1) from None
+                    raise failed or LabelsPartyUnavailableError(
+                        f"{what}: {last}", attempts=i + 1
+                    ) from None
                 if exc.retry_after is not None and i < self.retries:
                     self._sleep(exc.retry_after)  # the server said when; no jitter on top
                     continue
@@ -541,10 +547,13 @@ class LabelsPartyClient:
                 # A local protocol error's text quotes the request's headers: its token.
                 quiet = isinstance(exc, httpx.LocalProtocolError) or not str(exc)
                 last = type(exc).__name__ if quiet else f"{type(exc).__name__}: {exc}"
+                failed = None
                 if not (idempotent or isinstance(exc, httpx.ConnectError)):
                     raise LabelsPartyUnavailableError(f"{what}: {last}", attempts=i + 1) from None
             if i < self.retries:
                 self._sleep(random.uniform(0, min(self.max_backoff, self.backoff * 2**i)))
+        if failed is not None:
+            raise failed
         raise LabelsPartyUnavailableError(
             f"{what}: the labels party is unavailable after {self.retries + 1} attempts ({last})",
             attempts=self.retries + 1,
@@ -581,33 +590,48 @@ class LabelsPartyClient:
             body = {}
         error = str(body.get("error") or "http_error")
         message = str(body.get("message") or response.reason_phrase)
-        # 507: the labels party's storage is full, which retrying will not mend
-        # (and which spent nothing): answered, not retried.
-        if (response.status_code >= 500 and response.status_code != 507) or (
-            response.status_code == 429
-        ):
-            raise _ServerError(
-                f"HTTP {response.status_code} {error}: {message}"[:300],
-                retry_after=_retry_after(response),
-                processed=response.status_code != 429,
-            )
+        status = response.status_code
         cls = (
             BudgetExceededError
-            if response.status_code == 409 and error == "budget_exceeded"
+            if status == 409 and error == "budget_exceeded"
             else LabelsPartyHTTPError
         )
-        raise cls(response.status_code, error, message, body.get("detail"))
+        answer = cls(status, error, message, body.get("detail"))
+        # 507: the labels party's storage is full, which retrying will not mend
+        # (and which spent nothing): answered, not retried.
+        if (status >= 500 and status != 507) or status == 429:
+            raise _ServerError(
+                f"HTTP {status} {error}: {message}"[:300],
+                retry_after=_retry_after(response),
+                processed=status != 429,
+                failure=None if status in UNAVAILABLE_STATUSES else answer,
+            )
+        raise answer
+
+
+#: Answers that say the labels party (or a proxy before it) cannot serve now;
+#: after the retries they are :class:`LabelsPartyUnavailableError`. Any other 5xx
+#: is its own failure, a :class:`LabelsPartyHTTPError` with the body it sent.
+UNAVAILABLE_STATUSES = frozenset({429, 502, 503, 504})
 
 
 class _ServerError(Exception):
-    """A 5xx or 429 answer (internal: retried, then reported as unavailable).
-    ``processed`` is False for a 429: the request was turned away unread, so
-    even a write that is not idempotent may be sent again."""
+    """A 5xx or 429 answer (internal: retried, then reported as ``failure`` or, when
+    that is None, as unavailable). ``processed`` is False for a 429: the request was
+    turned away unread, so even a write that is not idempotent may be sent again."""
 
-    def __init__(self, message: str, *, retry_after: float | None, processed: bool) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None,
+        processed: bool,
+        failure: LabelsPartyHTTPError | None,
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
         self.processed = processed
+        self.failure = failure
 
 
 #: The longest wait a ``Retry-After`` gets: a longer one is waited this long.

@@ -240,6 +240,48 @@ def test_retry_after_is_honoured_and_a_429_retries_even_a_write() -> None:
     assert answers == {"clients": 2, "budget": 4}
 
 
+def test_a_labels_party_that_keeps_failing_is_its_error_with_its_body() -> None:
+    """A 500 on every try is the labels party's own failure, not an outage: after
+    the retries the caller gets its status and body (its request id, for its
+    operator's logs). A gateway's 502, 503 or 504 stays "unavailable"."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    answers = {"release": 0, "client": 0, "gateway": 0}
+    failure = {"error": "internal_error", "message": "boom", "detail": {"request_id": "r1"}}
+
+    @app.post("/v1/datasets/{dataset_id}/releases")
+    def release(dataset_id: str) -> JSONResponse:
+        answers["release"] += 1
+        return JSONResponse(failure, status_code=500)
+
+    @app.post("/v1/clients")
+    def clients() -> JSONResponse:
+        answers["client"] += 1
+        return JSONResponse(failure, status_code=500)
+
+    @app.get("/v1/datasets/{dataset_id}/budget")
+    def budget(dataset_id: str) -> JSONResponse:
+        answers["gateway"] += 1
+        return JSONResponse({"error": "bad_gateway", "message": "upstream"}, status_code=502)
+
+    with serve_app(app) as url, make(url) as c:
+        with pytest.raises(LabelsPartyHTTPError) as e:
+            c.create_release("ds", REQUEST)  # idempotent: retried, then its answer
+        assert (e.value.status_code, e.value.error, e.value.detail) == (
+            500,
+            "internal_error",
+            {"request_id": "r1"},
+        )
+        with pytest.raises(LabelsPartyHTTPError) as e:
+            c.create_client(name="x")  # not idempotent: its first answer
+        assert e.value.status_code == 500
+        with pytest.raises(LabelsPartyUnavailableError):
+            c.get_budget("ds")
+    assert answers == {"release": 4, "client": 1, "gateway": 4}
+
+
 def test_errors_are_typed(fake: FakeLabelsParty) -> None:
     fake.budget = 0.5
     with make(fake.url) as c:
