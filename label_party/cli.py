@@ -14,7 +14,6 @@ from typing import Any
 from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismSpec
-from label_party.releases.pipeline import NOT_RELEASABLE
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.worker_loop import run_queue_worker
 
@@ -25,7 +24,7 @@ class CommandError(Exception):
 
 #: What ``release`` offers: every mechanism but those never released on their own
 #: (``randomized-rounding``, which ``mechanism preview`` still shows).
-RELEASABLE = sorted(set(MECHANISMS) - NOT_RELEASABLE)
+RELEASABLE = sorted(name for name, spec in MECHANISMS.items() if spec.releasable)
 
 
 def privacy_amount(text: str) -> str:

@@ -35,6 +35,8 @@ class MechanismSpec:
     summary: str
     #: The mechanism's randomization uses a prior (so a release spends ε₁ on one).
     uses_prior: bool = False
+    #: False for a mechanism that is not private by itself: previewed, never released.
+    releasable: bool = True
 
 
 def _lazy(module: str, function: str) -> Callable[[FitRequest], Mechanism]:
@@ -136,6 +138,7 @@ MECHANISMS: dict[str, MechanismSpec] = {
             True,
             _lazy("rounding", "from_request"),
             "unbiased randomized rounding onto a grid (not private by itself)",
+            releasable=False,
         ),
         MechanismSpec(
             "rr",

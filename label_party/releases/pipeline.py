@@ -56,8 +56,6 @@ from label_party.priors import (
 )
 from label_party.storage import ROW_GROUP
 
-#: Mechanisms that may be previewed but never released on their own.
-NOT_RELEASABLE = frozenset({"randomized-rounding"})
 #: Options no request may set: randomness comes from the OS (DESIGN.md §3.5).
 SEED_OPTIONS = frozenset({"seed", "rng", "random_state", "random_seed"})
 #: Where an ``rr-with-prior`` release's priors come from (see :func:`prior_source`).
@@ -90,7 +88,7 @@ def check_plan(plan: ReleasePlan, task: str) -> None:
     spec = get_spec(plan.mechanism)
     if SEED_OPTIONS & set(plan.params):
         raise InvalidRequestError("a release cannot choose its randomness (no seed options)")
-    if plan.mechanism in NOT_RELEASABLE:
+    if not spec.releasable:
         raise InvalidRequestError(
             f"{plan.mechanism} is not private by itself; it cannot be released"
         )

@@ -225,6 +225,20 @@ def test_3_3_a_fit_that_fails_whatever_the_labels_is_a_free_refusal(server: Serv
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
 
 
+def test_3_2_a_mechanism_not_private_by_itself_is_never_released(server: Server) -> None:
+    """randomized-rounding is unbiased but not private: it may be previewed (no
+    label is read), and a release of it is a free 422, in the CLI's choices or not."""
+    from label_party.cli import RELEASABLE
+
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=10)
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    r = release(admin, ds, 1, mechanism={"name": "randomized-rounding"})
+    assert r.status_code == 422 and "cannot be released" in r.json()["message"], r.text
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    assert "randomized-rounding" not in RELEASABLE and "rr-on-bins" in RELEASABLE
+
+
 def test_a_solver_crash_is_a_mechanism_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     """A solver's IndexError went through as a free 500 after the reservation, and
     whether it happened depended on the noisy prior; ``fit`` now makes every
