@@ -22,7 +22,7 @@ from feature_party.models.repository import ModelRepository
 from feature_party.models.schemas import ModelImport, ModelRead, Predictions
 from feature_party.orm import Model
 from feature_party.received_labels.service import UPSTREAM_ERRORS, make_client, upstream_error
-from feature_party.training.artifact import Predictor, load_artifact
+from feature_party.training.artifact import NonFinitePredictionError, Predictor, load_artifact
 from shared.columns import ColumnTypeError, as_keys
 
 
@@ -147,6 +147,10 @@ def _loaded(session: Session, settings: Settings, model_id: str) -> Predictor:
     return _predictor(str(artifact_path(session, settings, model_id).resolve()))
 
 
+#: Rows an error names at most.
+_ROWS_NAMED = 20
+
+
 def _predict(predictor: Predictor, table: pa.Table) -> Predictions:
     missing = predictor.preprocessing.missing_columns(table)
     if missing:
@@ -155,6 +159,13 @@ def _predict(predictor: Predictor, table: pa.Table) -> Predictions:
         )
     try:
         predictions = predictor.predict(table)
+    except NonFinitePredictionError as exc:
+        raise InvalidInputError(
+            f"the model's prediction is not a finite number for {exc.rows.size} of "
+            f"{table.num_rows} rows: their features lie far outside the range it was "
+            f"trained on (detail.rows names the first {_ROWS_NAMED}, counting from 1)",
+            detail={"rows": (exc.rows[:_ROWS_NAMED] + 1).tolist(), "num_rows": int(exc.rows.size)},
+        ) from None
     except (ValueError, pa.ArrowInvalid) as exc:
         raise InvalidInputError(f"cannot preprocess the rows: {exc}") from None
     if "example_id" in table.column_names:

@@ -22,7 +22,13 @@ from feature_party.training.losses import Loss, LossName, make_loss
 from shared.artifact import ARTIFACT_FORMAT, model_artifact, save_artifact_file
 from shared.torch_models import ImageCNN, TabularMLP, build_model, model_config_from_dict
 
-__all__ = ["ARTIFACT_FORMAT", "Predictor", "load_artifact", "save_artifact"]
+__all__ = [
+    "ARTIFACT_FORMAT",
+    "NonFinitePredictionError",
+    "Predictor",
+    "load_artifact",
+    "save_artifact",
+]
 
 #: Formats this version still reads (the first one held only tabular MLPs).
 _READABLE = frozenset({ARTIFACT_FORMAT, "labeldp-tabular-mlp/1"})
@@ -51,6 +57,16 @@ def save_artifact(
     save_artifact_file(path, artifact)
 
 
+class NonFinitePredictionError(ValueError):
+    """The model's output is not a finite number for some rows (0-based ``rows``):
+    their features lie far outside what it was trained on, and a prediction there
+    would be null or, for a class, arbitrary."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        super().__init__(f"the model's output is not a finite number for {rows.size} rows")
+        self.rows = rows
+
+
 @dataclass
 class Predictor:
     model: TabularMLP | ImageCNN
@@ -59,14 +75,21 @@ class Predictor:
     task: str
 
     def predict(self, table: pa.Table, batch_size: int = 65536) -> np.ndarray:
-        """Predictions for the rows of ``table`` (``ValueError`` on missing columns)."""
+        """Predictions for the rows of ``table`` (``ValueError`` on missing columns,
+        :class:`NonFinitePredictionError` where the model's output is not finite)."""
         tensors = self.preprocessing.transform(table)
-        out = []
+        out, finite = [], []
         with torch.no_grad():
             for start in range(0, len(tensors), batch_size):
                 sl = slice(start, start + batch_size)
                 raw = self.model(tensors.numeric[sl], tensors.categorical[sl])
-                out.append(self.loss.predict(raw).cpu().numpy())
+                predicted = self.loss.predict(raw)
+                # A class index from NaN logits is arbitrary, not merely null: check raw too.
+                ok = torch.isfinite(raw).all(dim=1) & torch.isfinite(predicted.double())
+                out.append(predicted.cpu().numpy())
+                finite.append(ok.cpu().numpy())
+        if finite and not np.concatenate(finite).all():
+            raise NonFinitePredictionError(np.flatnonzero(~np.concatenate(finite)))
         dtype = np.int64 if self.loss.classification else np.float64
         return np.concatenate(out).astype(dtype) if out else np.zeros(0, dtype=dtype)
 

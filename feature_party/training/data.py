@@ -80,7 +80,9 @@ class Preprocessing:
         for j, name in enumerate(self.numeric):
             values = _as_float(table.column(name), name)
             scaled = (values - self.means[j]) / self.stds[j]
-            numeric[:, j] = np.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0)
+            scaled = np.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0)
+            # Past float32's range the cast would make ±inf, and the model NaN.
+            numeric[:, j] = np.clip(scaled, -_FLOAT32_MAX, _FLOAT32_MAX)
         categorical = np.zeros((n, len(self.categorical)), dtype=np.int64)
         for j, name in enumerate(self.categorical):
             vocab = pa.array(self.vocabularies[j], type=pa.string())
@@ -107,6 +109,8 @@ class Preprocessing:
             vocabularies=[list(v) for v in d["vocabularies"]],
         )
 
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 #: What a text cell must look like to cast to a float (Arrow's cast accepts these).
 _NUMBER_TEXT = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"

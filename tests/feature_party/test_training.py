@@ -34,6 +34,51 @@ def test_preprocessing_vocabulary_oov_and_scaling() -> None:
         pre.transform(pa.table({"n": [1.0]}))
 
 
+def _linear_predictor(loss: str, weights: list[list[float]]) -> Any:
+    """A Predictor whose model is ``x @ weights.T`` over numeric columns x0, x1
+    (means 0, stds 1), so that its outputs on extreme rows are known."""
+    from feature_party.training.artifact import Predictor
+    from feature_party.training.data import Preprocessing
+    from shared.torch_models import TabularMLP, TabularMLPConfig
+
+    w = torch.tensor(weights)
+    model = TabularMLP(TabularMLPConfig(num_numeric=2, hidden=(), outputs=w.shape[0]))
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(layers) == 1
+    with torch.no_grad():
+        layers[0].weight.copy_(w)
+        layers[0].bias.zero_()
+    pre = Preprocessing(numeric=["x0", "x1"], means=[0.0, 0.0], stds=[1.0, 1.0],
+                        categorical=[], vocabularies=[])  # fmt: skip
+    k = w.shape[0] if w.shape[0] > 1 else None
+    task = "classification" if k else "regression"
+    return Predictor(model.eval(), pre, make_loss(loss, num_classes=k), task)  # type: ignore[arg-type]
+
+
+def test_a_prediction_that_is_not_finite_is_refused_with_its_rows() -> None:
+    """Features past float32's range made the model's output NaN: a null prediction
+    for regression and an arbitrary class (argmax of NaN) for classification."""
+    from feature_party.errors import InvalidInputError
+    from feature_party.models.service import _predict
+    from feature_party.training.artifact import NonFinitePredictionError
+
+    rows = pa.table({"x0": [1.0, 1e40, -1e40, 2.0], "x1": [1.0, 0.0, 1e40, 1e300]})
+    bounded = _linear_predictor("squared", [[1e-30, 0.0]])
+    assert np.isfinite(bounded.predict(rows)).all()  # clipped into float32, not ±inf
+    overflowing = _linear_predictor("squared", [[10.0, 0.0]])
+    with pytest.raises(NonFinitePredictionError) as e:
+        overflowing.predict(rows)
+    assert e.value.rows.tolist() == [1, 2]
+    cancelling = _linear_predictor("cross-entropy", [[10.0, -10.0], [0.0, 0.0], [0.0, 1.0]])
+    with pytest.raises(NonFinitePredictionError) as e:  # ∞ − ∞: a NaN logit in row 0
+        cancelling.predict(pa.table({"x0": [1e40, 1.0], "x1": [1e40, 1.0]}))
+    assert e.value.rows.tolist() == [0]
+    with pytest.raises(InvalidInputError) as refused:
+        _predict(overflowing, rows.append_column("example_id", pa.array(list("abcd"))))
+    assert refused.value.detail == {"rows": [2, 3], "num_rows": 2}
+    assert "2 of 4 rows" in refused.value.message
+
+
 def test_debiased_cross_entropy_is_unbiased() -> None:
     """E over RR noise of the debiased loss equals the clean loss (Appendix D.1)."""
     k, eps = 4, 1.0
