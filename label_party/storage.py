@@ -2,7 +2,7 @@
 
 Layout (under ``LABELDP_DATA_DIR``)::
 
-    labels/<dataset id>/<sha256>.parquet      example_id: string, label: float64
+    labels/<dataset id>/<sha256>.parquet      example_id: string, label: float64, by example_id
     partitions/<dataset id>/<sha256>.parquet  example_id: string, part: string
     priors/<dataset id>/<sha256>.parquet      example_id plus a group or K probabilities
     releases/<sha256>.parquet                 example_id: string, label: float64
@@ -18,6 +18,11 @@ crash in between leaves an unreferenced file, never a row pointing at a missing
 one. Raw labels are read only by the release pipeline and the training worker;
 nothing serves them.
 
+Labels are stored in ``example_id`` order (:func:`in_public_order`), and every
+release lists them in the order they are stored: the order of an uploaded file may
+be a function of its labels (an export ``ORDER BY value``, or grouped by class),
+which no mechanism's noise covers (DESIGN.md §3.1).
+
 Training files have their own ``tmp/`` because the training worker
 (``labeldp label-party worker``) is a separate process that may be writing a
 model while a server starts: the start-up sweep only touches training files
@@ -28,9 +33,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -59,6 +66,31 @@ def write_table(settings: Settings, table: pa.Table, directory: Path) -> str:
     finally:
         tmp.unlink(missing_ok=True)
     return sha
+
+
+#: Schema metadata of a labels file stored in ``example_id`` order: every file
+#: written since 2026-11-24. An older file, in its upload's order, is sorted as read.
+PUBLIC_ORDER = {b"labeldp.order": b"example_id"}
+
+
+def in_public_order(table: pa.Table) -> pa.Table:
+    """``table`` (unique ``example_id`` s) sorted by ``example_id`` and marked so: an
+    order that is a function of the public ids alone. A file already in that order
+    (an export ``ORDER BY id``) is not sorted again."""
+    ids = table.column("example_id")
+    ordered = len(ids) < 2 or pc.all(pc.less(ids.slice(0, len(ids) - 1), ids.slice(1))).as_py()
+    return (table if ordered else table.sort_by("example_id")).replace_schema_metadata(PUBLIC_ORDER)
+
+
+def label_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """The labels file's rows in ``example_id`` order, ``batch_size`` at a time:
+    streamed from a file stored in that order, sorted in memory from an older one."""
+    file = pq.ParquetFile(path)
+    metadata = file.schema_arrow.metadata or {}
+    if all(metadata.get(k) == v for k, v in PUBLIC_ORDER.items()):
+        yield from file.iter_batches(batch_size=batch_size)
+    else:
+        yield from in_public_order(file.read()).to_batches(max_chunksize=batch_size)
 
 
 def labels_path(settings: Settings, dataset: Dataset) -> Path:

@@ -24,7 +24,7 @@ from label_party.exceptions import InvalidLabelsError, LabelsFrozenError, Reject
 from label_party.labels.validation import FileFormat, read_table, validate
 from label_party.ledger.service import lock_dataset
 from label_party.releases import repository as releases_repository
-from label_party.storage import labels_path, write_table
+from label_party.storage import in_public_order, labels_path, write_table
 from label_party.trainings import repository as trainings_repository
 
 logger = logging.getLogger("label_party.labels")
@@ -55,6 +55,7 @@ def upload(
         _refuse_if_frozen(session, principal, lock_dataset(session, dataset_id).id)
     try:
         table, count = validate(read_table(source, fmt), domain)
+        table = in_public_order(table)  # the file's order may follow its labels
     except InvalidLabelsError as exc:
         lock_dataset(session, dataset_id)
         # The log says that an upload was refused, not how many rows were bad

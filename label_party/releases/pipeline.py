@@ -54,7 +54,7 @@ from label_party.priors import (
     group_histograms,
     laplace_histogram,
 )
-from label_party.storage import ROW_GROUP
+from label_party.storage import ROW_GROUP, label_batches
 
 #: Options no request may set: randomness comes from the OS (DESIGN.md §3.5).
 SEED_OPTIONS = frozenset({"seed", "rng", "random_state", "random_seed"})
@@ -211,7 +211,7 @@ def prior_source(plan: ReleasePlan) -> str:
 def _batches(
     labels_file: Path, selected: pa.Array | None, batch_size: int
 ) -> Iterator[tuple[pa.Array, np.ndarray]]:
-    for batch in pq.ParquetFile(labels_file).iter_batches(batch_size=batch_size):
+    for batch in label_batches(labels_file, batch_size):  # in example_id order
         ids, values = batch.column(0), batch.column(1)
         if selected is not None:
             mask = pc.is_in(ids, value_set=selected)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from pydantic import BaseModel
@@ -84,6 +85,62 @@ def test_3_1_raw_label_rows_are_never_response_models() -> None:
         for arg in args:
             assert isinstance(arg, type) and issubclass(arg, BaseModel), (route, arg)
             assert not issubclass(arg, Base)
+
+
+def test_3_1_no_row_order_follows_the_labels(server: Server) -> None:
+    """An export ``ORDER BY label`` put every label in a release's row order (at any
+    ε), and in the free 422 of an example-prior release, which lists uncovered ids:
+    ten such 422s recovered 1,000 binary labels exactly. Both now list rows in
+    example_id order, a function of the public ids alone."""
+    admin = server.client()
+    ds = create_dataset(admin, task="classification", domain={"num_classes": 2}, epsilon_budget=1)
+    rng = np.random.default_rng(7)
+    ids = [f"u{x:012x}" for x in rng.integers(0, 2**40, size=400)]
+    labels = rng.integers(0, 2, size=400)
+    by_label = np.argsort(labels, kind="stable")  # the advertiser's export: zeros first
+    file_ids = [ids[i] for i in by_label]
+    assert upload_labels(admin, ds, file_ids, labels[by_label].tolist()).status_code == 200
+
+    covered = sorted(ids)[::2]  # a prior set that covers every other id
+    prior_set = admin.post(
+        f"/v1/datasets/{ds}/priors",
+        data={"kind": "probabilities"},
+        files={"file": ("p.parquet", parquet_bytes({"example_id": covered,
+                                                    "prior": [[0.5, 0.5]] * len(covered)}))},
+    )  # fmt: skip
+    assert prior_set.status_code == 201, prior_set.text
+    mechanism = {
+        "name": "rr-with-prior",
+        "prior_source": "example",
+        "prior_id": prior_set.json()["id"],
+    }
+    refused = release(admin, ds, 1, mechanism=mechanism)
+    assert refused.status_code == 422, refused.text
+    listed = refused.json()["detail"]["example_ids"]
+    assert listed == sorted(ids)[1::2][: len(listed)] and len(listed) > 10
+
+    made = release(admin, ds, "0.01", mechanism={"name": "rr"})
+    assert made.status_code == 201, made.text
+    body = admin.get(f"/v1/releases/{made.json()['id']}/labels").content
+    assert pq.read_table(io.BytesIO(body)).column("example_id").to_pylist() == sorted(ids)
+
+
+def test_3_1_labels_stored_before_the_order_rule_are_read_in_id_order(tmp_path: Path) -> None:
+    """A labels file written before labels were stored in example_id order (no
+    ``labeldp.order`` metadata) is sorted as it is read; a marked one is streamed."""
+    import pyarrow as pa
+
+    from label_party.storage import PUBLIC_ORDER, in_public_order, label_batches
+
+    table = pa.table({"example_id": ["c", "a", "d", "b"], "label": [1.0, 0.0, 1.0, 0.0]})
+    old = tmp_path / "old.parquet"
+    pq.write_table(table, old)
+    read = [b for batch in label_batches(old, 3) for b in batch.column(0).to_pylist()]
+    assert read == ["a", "b", "c", "d"]
+    marked = tmp_path / "new.parquet"
+    pq.write_table(in_public_order(table), marked)
+    assert pq.ParquetFile(marked).schema_arrow.metadata == PUBLIC_ORDER
+    assert [b for batch in label_batches(marked, 3) for b in batch.column(0).to_pylist()] == read
 
 
 def test_3_2_prior_is_private_and_charged_and_domain_is_declared(server: Server) -> None:
