@@ -162,7 +162,6 @@ class EpochSummary:
     epoch: int
     steps: int
     seconds: float
-    mean_batch_size: float
     noisy_gradient_norm: float
     denoised_gradient_norm: float
     loss: float | None = None
@@ -414,9 +413,7 @@ class _Loop:
     def step(self, stats: _EpochStats) -> None:
         cfg = self.config
         params = trainable_parameters(self.model)
-        # Line 2, Poisson sampling: each example in I^G independently with rate q.
-        chosen = torch.rand(self.n, generator=self.gen, device=self.x.device) < self.q
-        batch = chosen.nonzero().squeeze(1)
+        batch = poisson_sample(self.n, self.q, self.gen, self.x.device)
         clipped, loss_sum = clipped_gradient_sum(
             self.model,
             params,
@@ -482,11 +479,17 @@ class _Loop:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+def poisson_sample(n: int, q: float, generator: torch.Generator, device: torch.device) -> Tensor:
+    """Algorithm 1, line 2 (Poisson sampling): the indices of a batch holding each of
+    ``n`` examples independently with probability ``q``; its size varies."""
+    chosen = torch.rand(n, generator=generator, device=device) < q
+    return chosen.nonzero().squeeze(1)
+
+
 class _EpochStats:
     """Running sums kept on the device, read once per epoch (no per-step sync)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.batch = 0
         self.steps = 0
         self.noisy = torch.zeros((), device=device)
         self.denoised = torch.zeros((), device=device)
@@ -494,7 +497,8 @@ class _EpochStats:
         self.last_loss: Tensor | None = None
 
     def add(self, batch_size: int, noisy: Tensor, denoised: Tensor, loss: Tensor | None) -> None:
-        self.batch += batch_size
+        # No batch sizes are kept: the sampled batch I^G is the subsampling's secret
+        # (the accountant's amplification assumes it hidden), so nothing reports them.
         self.steps += 1
         self.noisy += torch.linalg.vector_norm(noisy)
         self.denoised += torch.linalg.vector_norm(denoised)
@@ -508,7 +512,6 @@ class _EpochStats:
             epoch=epoch,
             steps=steps,
             seconds=seconds,
-            mean_batch_size=self.batch / steps,
             noisy_gradient_norm=float(self.noisy) / steps,
             denoised_gradient_norm=float(self.denoised) / steps,
             loss=None if self.loss is None else float(self.loss) / steps,

@@ -198,6 +198,13 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint, plan: dict[str, Any]) -
     save_torch_file(path, payload)
 
 
+def _summary(saved: dict[str, Any]) -> EpochSummary:
+    """An epoch's summary as a checkpoint saved it; a field no longer reported
+    (``mean_batch_size``, before 2026-11-24) is dropped."""
+    known = {f.name for f in fields(EpochSummary)}
+    return EpochSummary(**{k: v for k, v in saved.items() if k in known})
+
+
 def read_checkpoint(path: Path, plan: dict[str, Any]) -> Checkpoint | None:
     """The checkpoint in ``path`` if it was saved under this very plan, else None
     (a missing, unreadable or foreign file means starting from step 0)."""
@@ -216,5 +223,5 @@ def read_checkpoint(path: Path, plan: dict[str, Any]) -> Checkpoint | None:
         step=int(payload["step"]),
         model=payload["model"],
         optimizer=payload["optimizer"],
-        history=[EpochSummary(**h) for h in payload["history"]],
+        history=[_summary(h) for h in payload["history"]],
     )

@@ -566,7 +566,7 @@ def _checkpoint_at_end_of_epoch_0(spec: dict[str, Any], mark: float) -> Any:
     model = training.build(spec, 4, NUM_CLASSES)
     optimizer = _make_optimizer(model, training.config_for(spec, NUM_CLASSES, "cpu"))
     steps = int(spec["plan"]["steps_per_epoch"])
-    summary = EpochSummary(epoch=0, steps=steps, seconds=mark, mean_batch_size=50.0,
+    summary = EpochSummary(epoch=0, steps=steps, seconds=mark,
                            noisy_gradient_norm=1.0, denoised_gradient_norm=1.0)  # fmt: skip
     return Checkpoint(step=steps, model=model.state_dict(), optimizer=optimizer.state_dict(),
                       history=[summary])  # fmt: skip
@@ -854,3 +854,22 @@ def test_a_full_disk_gives_a_paid_training_its_attempt_back(server: Server, gran
             db.dispose()
     assert run_worker(server) >= 1
     assert client.get(f"/v1/trainings/{training['id']}").json()["status"] == "succeeded"
+
+
+def test_a_checkpoint_saved_with_batch_sizes_still_resumes(tmp_path: Path) -> None:
+    """Epoch summaries no longer carry ``mean_batch_size`` (the sampled batches are
+    the subsampling's secret); a checkpoint saved before that still reads."""
+    from label_party.trainings.training import _CHECKPOINT_FORMAT, read_checkpoint
+    from shared.torch_files import save_torch_file
+
+    plan = {"steps": 8}
+    old = {"epoch": 0, "steps": 4, "seconds": 1.0, "mean_batch_size": 50.0,
+           "noisy_gradient_norm": 1.0, "denoised_gradient_norm": 0.5, "loss": None}  # fmt: skip
+    path = tmp_path / "c.pt"
+    model = {"w": torch.ones(2)}
+    save_torch_file(path, {"format": _CHECKPOINT_FORMAT, "plan": plan, "step": 4,
+                           "model": model, "optimizer": {}, "history": [old]})  # fmt: skip
+    checkpoint = read_checkpoint(path, plan)
+    assert checkpoint is not None and checkpoint.step == 4
+    assert checkpoint.history[0].denoised_gradient_norm == 0.5
+    assert not hasattr(checkpoint.history[0], "mean_batch_size")

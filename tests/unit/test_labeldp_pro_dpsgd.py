@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
@@ -19,6 +21,7 @@ from label_party.labeldp_pro.dpsgd import (
     clip_per_example,
     clipped_gradient_sum,
     per_example_gradients,
+    poisson_sample,
     privatize,
     secure_torch_generator,
     train_labeldp_pro,
@@ -134,8 +137,20 @@ def test_training_learns_a_separable_problem(denoiser: str, debias_draws: int) -
     assert all(e.loss is None for e in events)  # the private loss is not reported
     assert len(result.history) == 2
     assert all(h.loss is None for h in result.history)
-    # Poisson sampling: sizes vary around the expected 40.
-    assert 30 < sum(h.mean_batch_size for h in result.history) / 2 < 50
+    # The sampled batches' sizes are the subsampling's secret: nothing reports them.
+    assert not any("batch" in name for name in asdict(result.history[0]))
+
+
+def test_poisson_sampling_draws_each_example_independently() -> None:
+    """Batch sizes are Binomial(n, q): mean nq and variance nq(1−q), not fixed."""
+    gen = torch.Generator().manual_seed(3)
+    batches = [poisson_sample(1000, 0.04, gen, torch.device("cpu")) for _ in range(400)]
+    sizes = np.array([b.numel() for b in batches], dtype=np.float64)
+    assert abs(sizes.mean() - 40) < 4 * math.sqrt(38.4 / 400)
+    assert 38.4 * 0.75 < sizes.var(ddof=1) < 38.4 * 1.3
+    hits = np.bincount(torch.cat(batches).numpy(), minlength=1000)
+    assert hits.min() > 0 and abs(hits.mean() - 16) < 0.5  # every example, at rate q
+    assert all(bool((b[1:] > b[:-1]).all()) for b in batches)  # indices, each once
 
 
 def test_self_denoisers_are_accounted_without_amplification() -> None:
