@@ -32,6 +32,7 @@ older than :data:`TRAININGS_GRACE_SECONDS`.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,12 +131,40 @@ def training_checkpoint_path(settings: Settings, training_id: str) -> Path:
     return settings.trainings_dir / "checkpoints" / f"{training_id}.pt"
 
 
-def _quarantine(settings: Settings, path: Path) -> None:
+def _quarantine(settings: Settings, path: Path) -> int:
     """Move an unreferenced file under ``orphans/`` instead of deleting it: a server
-    started against the wrong (or an empty) database must not destroy data."""
-    target = settings.data_dir / "orphans" / path.relative_to(settings.data_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    path.replace(target)
+    started against the wrong (or an empty) database must not destroy data. Across
+    filesystems (``releases/`` may be a mount of its own) it is copied, then
+    removed. A file that cannot be moved (permissions) stays, named in a warning:
+    an unreferenced file is harmless, and a server that refused to start over one
+    would restart into the same refusal. Returns how many files were moved (0 or 1)."""
+    relative = path.relative_to(settings.data_dir)
+    target = settings.data_dir / "orphans" / relative
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(path, target)
+    except OSError as exc:
+        logger.warning(
+            "could not set an unreferenced file aside; it stays where it is",
+            extra={"fields": {"file": str(relative), "errno": exc.errno,
+                              "error": exc.strerror or type(exc).__name__}},
+        )  # fmt: skip
+        return 0
+    return 1
+
+
+def _delete_partial(path: Path) -> int:
+    """Delete a partial write; one that cannot be deleted is named in a warning."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning(
+            "could not delete a partial write",
+            extra={"fields": {"file": path.name, "errno": exc.errno,
+                              "error": exc.strerror or type(exc).__name__}},
+        )  # fmt: skip
+        return 0
+    return 1
 
 
 def sweep_orphans(
@@ -156,14 +185,12 @@ def sweep_orphans(
     removed = _sweep_trainings(settings, session, grace_seconds=trainings_grace_seconds)
     if settings.tmp_dir.exists():
         for path in settings.tmp_dir.iterdir():
-            path.unlink(missing_ok=True)
-            removed += 1
+            removed += _delete_partial(path)
     referenced = set(session.scalars(select(Release.sha256)))
     if settings.releases_dir.exists():
         for path in settings.releases_dir.glob("*.parquet"):
             if path.stem not in referenced:
-                _quarantine(settings, path)
-                removed += 1
+                removed += _quarantine(settings, path)
     keep = {
         (d, s)
         for d, s in session.execute(select(Dataset.id, Dataset.labels_sha256))
@@ -177,8 +204,7 @@ def sweep_orphans(
         if root.exists():
             for path in root.glob("*/*.parquet"):
                 if (path.parent.name, path.stem) not in keep:
-                    _quarantine(settings, path)
-                    removed += 1
+                    removed += _quarantine(settings, path)
     if removed:
         logger.warning(
             "set aside unreferenced files under orphans/",
@@ -199,8 +225,7 @@ def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: flo
     tmp = training_tmp_dir(settings)
     for path in [*(tmp.iterdir() if tmp.exists() else ()), *partials]:
         if _older_than(path, cutoff):
-            path.unlink(missing_ok=True)
-            removed += 1
+            removed += _delete_partial(path)
     # Read the rows before listing the files: a file published after this query
     # is younger than the cutoff, so it is never taken for an orphan.
     features = set(session.scalars(select(Training.features_sha256)))
@@ -219,8 +244,7 @@ def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: flo
         if root.exists():
             for path in root.glob(pattern):
                 if path.stem not in keep and _older_than(path, cutoff):
-                    _quarantine(settings, path)
-                    removed += 1
+                    removed += _quarantine(settings, path)
     return removed
 
 

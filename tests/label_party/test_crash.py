@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +48,44 @@ def test_sigkill_before_commit_then_restart(make_server: Any) -> None:
     assert second.status_code == 200 and second.json()["id"] == first.json()["id"]
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.3
     assert admin.get("/v1/audit/verify").json()["ok"] is True
+
+
+def _crash_mid_release(make_server: Any) -> Path:
+    """A server killed before its release's commit: the data directory, holding an
+    unreferenced release file."""
+    crashing = make_server(
+        subprocess=True, LABELDP_TEST_CRASH_POINT="release_before_commit"
+    ).start()
+    admin = crashing.client()
+    ds = create_dataset(admin, epsilon_budget=1.0)
+    assert upload_labels(admin, ds, ["a", "b", "c"], [1.0, 2.0, 3.0]).status_code == 200
+    with pytest.raises(httpx.TransportError):
+        release(admin, ds, 0.3, mechanism={"name": "rr-on-bins"})
+    assert crashing.wait_exit() == -signal.SIGKILL
+    return Path(crashing.env["LABELDP_DATA_DIR"])
+
+
+def test_a_restart_starts_whatever_becomes_of_the_orphans(make_server: Any) -> None:
+    """``releases/`` may be a filesystem of its own: setting its orphan aside was a
+    rename that failed (EXDEV) and aborted the start-up, and restarting looped on it.
+    Across filesystems the file is now copied; one that cannot be moved stays."""
+    data = _crash_mid_release(make_server)
+    (data / "orphans").write_text("a file where the orphans directory would be")
+    restarted = make_server(subprocess=True).start()  # it starts
+    assert restarted.client().get("/v1/datasets").status_code == 200
+    assert len(list((data / "releases").glob("*.parquet"))) == 1  # left in place
+    assert "could not set an unreferenced file aside" in restarted.logs()
+    restarted.stop()
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == data.stat().st_dev:
+        pytest.skip("no second filesystem (/dev/shm) to put orphans/ on")
+    other = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        (data / "orphans").unlink()
+        (data / "orphans").symlink_to(other)  # orphans/ on another filesystem
+        make_server(subprocess=True).start()
+        assert list((data / "releases").glob("*.parquet")) == []
+        assert len(list((other / "releases").glob("*.parquet"))) == 1
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
