@@ -27,10 +27,11 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.logging import LogLevel
+from shared.settings_help import lease_problem
 from shared.tokens import AdminToken, admin_token_problem
 
 
@@ -53,6 +54,17 @@ class Settings(BaseSettings):
     client_retries: int = Field(default=6, ge=0)
     client_backoff_seconds: float = Field(default=1.0, ge=0)
     log_level: LogLevel = "INFO"
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> Settings:
+        problem = lease_problem(
+            self.job_lease_seconds,
+            self.heartbeat_seconds,
+            names=("LABELDP_JOB_LEASE_SECONDS", "LABELDP_HEARTBEAT_SECONDS"),
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
 
     @property
     def resolved_database_url(self) -> str:

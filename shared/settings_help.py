@@ -1,5 +1,6 @@
-"""The ``LABELDP_*`` variables a settings class reads, as ``--help`` text, and the
-``serve`` command both parties build on it.
+"""The ``LABELDP_*`` variables a settings class reads, as ``--help`` text, the
+``serve`` command both parties build on it, and the lease/heartbeat rule both
+parties' settings check (:func:`lease_problem`).
 
 Generated from the class itself, so ``serve --help`` cannot drift from the code;
 docs/operations.md says what each variable does (a test checks it names them all).
@@ -65,3 +66,20 @@ def add_serve_command(
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument("--port", type=tcp_port, default=port, help="port (default: %(default)s)")
     serve.set_defaults(handler=handler)
+
+
+def lease_problem(
+    lease_seconds: float, heartbeat_seconds: float, *, names: tuple[str, str]
+) -> str | None:
+    """Why a worker with this lease and heartbeat would lose its own work, or None.
+    A heartbeat that renews the lease less than twice per lease lets one late
+    renewal (a slow database, a long step) hand a healthy run to another worker,
+    and with two workers every run bounced between them until it failed (a labels
+    party's training is charged when accepted: its ε was spent for nothing)."""
+    if heartbeat_seconds * 2 <= lease_seconds:
+        return None
+    lease, heartbeat = names
+    return (
+        f"{heartbeat} ({heartbeat_seconds:g}) must be at most half of {lease} "
+        f"({lease_seconds:g}): a worker renews its lease each heartbeat"
+    )

@@ -83,3 +83,25 @@ def test_labels_receive_sends_the_api_s_body(monkeypatch: pytest.MonkeyPatch) ->
     assert receive_body(argparse.Namespace(**free))["release_id"] == "r1"
     with pytest.raises(CommandError, match="finite"):
         receive_body(argparse.Namespace(**{**base, "epsilon": float("nan")}))
+
+
+@pytest.mark.parametrize(
+    ("party", "lease", "heartbeat"),
+    [
+        ("feature-party", "LABELDP_JOB_LEASE_SECONDS", "LABELDP_HEARTBEAT_SECONDS"),
+        ("label-party", "LABELDP_WORKER_LEASE_SECONDS", "LABELDP_WORKER_HEARTBEAT_SECONDS"),
+    ],
+)
+def test_a_worker_whose_heartbeat_cannot_keep_its_lease_does_not_start(
+    tmp_path: Path, party: str, lease: str, heartbeat: str
+) -> None:
+    """A heartbeat of 30 s on an 8 s lease: every run bounced between two workers
+    until it failed (a labels-party training, its ε spent). One line, exit 2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LABELDP_")}
+    env |= {"LABELDP_DATA_DIR": str(tmp_path), lease: "8", heartbeat: "30"}
+    done = subprocess.run([sys.executable, "-m", "labeldp", party, "worker"],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"{heartbeat} (30) must be at most half of {lease} (8)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not any(tmp_path.iterdir())  # refused before touching anything
