@@ -19,7 +19,7 @@ from feature_party.client import LabelsPartyError, LabelsPartyHTTPError
 from label_party import cli as label_cli
 from labeldp import demo, experiment
 from labeldp.processes import ServiceStartError
-from shared.migrations import ForeignSchemaError
+from shared.migrations import SchemaError
 from shared.startup import StartupError
 from shared.worker_loop import WorkerBusyError
 
@@ -33,7 +33,7 @@ TOKEN_OPTIONS = frozenset({"--token", "--labels-token", "--features-token"})
 _LONG_OPTION = re.compile(r"--[a-z][a-z-]*")
 
 #: Failures of a run (a service down, a step refused): one line, exit status 1.
-RUNTIME_ERRORS = (demo.DemoError, LabelsPartyError, ServiceStartError, ForeignSchemaError)
+RUNTIME_ERRORS = (demo.DemoError, LabelsPartyError, ServiceStartError, SchemaError)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,8 @@ from typing import Any, Final
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.pool import NullPool
 
@@ -33,8 +35,16 @@ from sqlalchemy.pool import NullPool
 SQLITE_WAIT_SECONDS: Final = 300
 
 
-class ForeignSchemaError(RuntimeError):
+class SchemaError(RuntimeError):
+    """A database this code must not migrate: the message says why and what to do."""
+
+
+class ForeignSchemaError(SchemaError):
     """The database holds another party's tables: each party needs its own."""
+
+
+class SchemaAheadError(SchemaError):
+    """The database was migrated by a newer labeldp (an image rolled back)."""
 
 
 def upgrade_to_head(
@@ -57,6 +67,7 @@ def upgrade_to_head(
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": advisory_key})
             _refuse_foreign(connection, party, foreign_tables)
+            _refuse_newer(connection, config, party)
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
     finally:
@@ -71,6 +82,22 @@ def _refuse_foreign(connection: Connection, party: str, foreign_tables: Collecti
             f"the {party}'s database {connection.engine.url.render_as_string()} holds "
             f"another party's tables ({', '.join(found)}): give each party a database of "
             "its own (LABELDP_DATABASE_URL)"
+        )
+
+
+def _refuse_newer(connection: Connection, config: Config, party: str) -> None:
+    """Refuse a schema at a revision this code does not know: a newer labeldp's
+    (Alembic's own error is a traceback that names a revision and nothing else)."""
+    script = ScriptDirectory.from_config(config)
+    known = {revision.revision for revision in script.walk_revisions()}
+    current = MigrationContext.configure(connection).get_current_heads()
+    unknown = sorted(set(current) - known)
+    if unknown:
+        raise SchemaAheadError(
+            f"the {party}'s database is at schema revision {', '.join(unknown)}, which this "
+            f"labeldp does not know (its newest is {script.get_current_head()}): it was "
+            "migrated by a newer version; run that version, or restore a backup taken "
+            "before the upgrade"
         )
 
 

@@ -74,7 +74,7 @@ def open_database(url: str, connect: Callable[[str], Engine], migrate: Callable[
     """Connect to the database and bring its schema to the newest revision."""
     try:
         engine = connect(url)
-    except (ArgumentError, NoSuchModuleError):
+    except (ArgumentError, NoSuchModuleError, ImportError):  # ImportError: mysql:// etc.
         raise StartupError(
             f"{ENV_PREFIX}DATABASE_URL is not a database URL this service knows; use "
             "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB, or leave it unset for SQLite"
