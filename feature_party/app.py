@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Response
+from sqlalchemy import text
 
 from feature_party import exception_handlers
 from feature_party.config import Settings, get_settings
@@ -20,6 +21,7 @@ from feature_party.multistage.endpoints import router as multistage_router
 from feature_party.multistage.service import Drivers
 from feature_party.received_labels.endpoints import router as received_labels_router
 from feature_party.uploads import sweep_stale
+from shared import readiness
 from shared.errors import UnexpectedErrorMiddleware
 from shared.limits import BodyLimitMiddleware
 from shared.request_log import RequestLogMiddleware
@@ -77,8 +79,22 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     for router in routers:
         app.include_router(router, dependencies=secured)
 
-    @app.get("/healthz", tags=["ops"])
+    @app.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        summary="Readiness: the database answers and the data directory takes a write",
+        responses={503: {}},
+    )
+    def readyz() -> Response:
+        def check_database() -> None:
+            with app.state.database.session() as session:
+                session.execute(text(readiness.CHECK_QUERY))
+
+        where = (settings.data_dir, settings.data_dir / "tmp")
+        return readiness.response(readiness.problem(check_database, where))
 
     return app

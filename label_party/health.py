@@ -5,11 +5,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from label_party.auth import require
+from label_party.config import Settings
 from label_party.db import Database, transaction
 from label_party.deps import PrincipalDep
 from label_party.exception_handlers import responses
 from label_party.observability import scrape
-from shared.errors import error_response
+from shared import readiness
 
 router = APIRouter(tags=["operations"])
 
@@ -19,15 +20,22 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: the database answers", responses={503: {}})
+@router.get(
+    "/readyz",
+    summary="Readiness: the database answers and the data directories take a write",
+    responses={503: {}},
+)
 def readyz(request: Request) -> Response:
     db: Database = request.app.state.db
-    try:
+    settings: Settings = request.app.state.settings
+
+    def check_database() -> None:
         with transaction(db.reader) as session:
-            session.execute(text("SELECT 1"))
-    except Exception:
-        return error_response(503, "not_ready", "the database is not reachable")
-    return Response('{"status": "ready"}', media_type="application/json")
+            session.execute(text(readiness.CHECK_QUERY))
+
+    where = (settings.data_dir, settings.tmp_dir, settings.labels_dir, settings.releases_dir,
+             settings.trainings_dir)  # fmt: skip
+    return readiness.response(readiness.problem(check_database, where))
 
 
 @router.get(

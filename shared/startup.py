@@ -48,14 +48,19 @@ def load_settings(factory: Callable[[], T]) -> T:
         raise StartupError(f"invalid settings: {settings_problems(exc)}") from None
 
 
+def write_probe(directory: Path) -> None:
+    """Create and delete a file in ``directory`` (``OSError`` if it cannot). A name
+    of its own: two processes starting at once (two workers) shared
+    ".write-check", and one's unlink made the other's fail with ENOENT."""
+    probe = directory / f".write-check-{os.getpid()}-{uuid.uuid4().hex}"
+    probe.touch()
+    probe.unlink()
+
+
 def prepare_data_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
-        # A name of its own: two processes starting at once (two workers) shared
-        # ".write-check", and one's unlink made the other's fail with ENOENT.
-        probe = path / f".write-check-{os.getpid()}-{uuid.uuid4().hex}"
-        probe.touch()
-        probe.unlink()
+        write_probe(path)
     except OSError as exc:
         raise StartupError(
             f"{ENV_PREFIX}DATA_DIR {path} is not a writable directory: {exc.strerror}"

@@ -447,7 +447,7 @@ def test_api_services_have_a_healthcheck_on_their_port(compose: dict[str, Any]) 
         test = check.get("test")
         assert isinstance(test, list) and test[0] == "CMD", f"{name}: exec-form health check"
         port = option(service["command"], "--port")
-        assert any(f"127.0.0.1:{port}/healthz" in arg for arg in test), f"{name}: {test}"
+        assert any(f"127.0.0.1:{port}/readyz" in arg for arg in test), f"{name}: {test}"
         for key in ("interval", "timeout", "retries", "start_period"):
             assert key in check, f"{name}: healthcheck.{key}"
 

@@ -76,6 +76,7 @@ def test_auth_is_required(client: httpx.Client) -> None:
     r = client.get("/v1/jobs/x", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
     assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").json() == {"status": "ready"}  # no token: for probes
 
 
 def test_unknown_ids_are_404(client: httpx.Client) -> None:
