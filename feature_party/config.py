@@ -31,7 +31,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.logging import LogLevel
-from shared.settings_help import lease_problem
+from shared.settings_help import check_lease
 from shared.tokens import AdminToken, admin_token_problem
 
 
@@ -57,13 +57,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_lease(self) -> Settings:
-        problem = lease_problem(
-            self.job_lease_seconds,
-            self.heartbeat_seconds,
-            names=("LABELDP_JOB_LEASE_SECONDS", "LABELDP_HEARTBEAT_SECONDS"),
-        )
-        if problem:
-            raise ValueError(problem)
+        check_lease(self, "job_lease_seconds", "heartbeat_seconds")
         return self
 
     @property

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.logging import LogLevel
-from shared.settings_help import lease_problem
+from shared.settings_help import check_lease
 from shared.tokens import MIN_LENGTH, AdminToken, admin_token_problem
 
 #: Secrets nobody may deploy with.
@@ -80,13 +80,7 @@ class Settings(BaseSettings):
                     f"{problem}: set a random secret of at least {MIN_LENGTH} characters "
                     "(or LABELDP_MODE=dev for local development)"
                 )
-        problem = lease_problem(
-            self.worker_lease_seconds,
-            self.worker_heartbeat_seconds,
-            names=("LABELDP_WORKER_LEASE_SECONDS", "LABELDP_WORKER_HEARTBEAT_SECONDS"),
-        )
-        if problem:
-            raise ValueError(problem)
+        check_lease(self, "worker_lease_seconds", "worker_heartbeat_seconds")
         # A seeded randomizer is predictable noise (DESIGN.md §3.5): only under test mode.
         for name, value in (("SEED", self.test_seed), ("CRASH_POINT", self.test_crash_point)):
             if value is not None and self.mode != "test":

@@ -1,6 +1,6 @@
 """The ``LABELDP_*`` variables a settings class reads, as ``--help`` text, the
 ``serve`` command both parties build on it, and the lease/heartbeat rule both
-parties' settings check (:func:`lease_problem`).
+parties' settings check (:func:`check_lease`).
 
 Generated from the class itself, so ``serve --help`` cannot drift from the code;
 docs/operations.md says what each variable does (a test checks it names them all).
@@ -68,18 +68,17 @@ def add_serve_command(
     serve.set_defaults(handler=handler)
 
 
-def lease_problem(
-    lease_seconds: float, heartbeat_seconds: float, *, names: tuple[str, str]
-) -> str | None:
-    """Why a worker with this lease and heartbeat would lose its own work, or None.
-    A heartbeat that renews the lease less than twice per lease lets one late
-    renewal (a slow database, a long step) hand a healthy run to another worker,
-    and with two workers every run bounced between them until it failed (a labels
-    party's training is charged when accepted: its ε was spent for nothing)."""
-    if heartbeat_seconds * 2 <= lease_seconds:
-        return None
-    lease, heartbeat = names
-    return (
-        f"{heartbeat} ({heartbeat_seconds:g}) must be at most half of {lease} "
-        f"({lease_seconds:g}): a worker renews its lease each heartbeat"
-    )
+def check_lease(settings: BaseSettings, lease: str, heartbeat: str) -> None:
+    """Refuse (``ValueError``) settings whose worker would lose its own work: a
+    heartbeat (field ``heartbeat``) that renews the lease (field ``lease``) less
+    than twice per lease lets one late renewal (a slow database, a long step) hand
+    a healthy run to another worker, and with two workers every run bounced
+    between them until it failed (a labels party's training is charged when
+    accepted: its ε was spent for nothing)."""
+    lease_seconds, heartbeat_seconds = getattr(settings, lease), getattr(settings, heartbeat)
+    if heartbeat_seconds * 2 > lease_seconds:
+        raise ValueError(
+            f"LABELDP_{heartbeat.upper()} ({heartbeat_seconds:g}) must be at most half of "
+            f"LABELDP_{lease.upper()} ({lease_seconds:g}): a worker renews its lease each "
+            "heartbeat"
+        )
