@@ -144,11 +144,7 @@ def _quarantine(settings: Settings, path: Path) -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(path, target)
     except OSError as exc:
-        logger.warning(
-            "could not set an unreferenced file aside; it stays where it is",
-            extra={"fields": {"file": str(relative), "errno": exc.errno,
-                              "error": exc.strerror or type(exc).__name__}},
-        )  # fmt: skip
+        _warn_left("could not set an unreferenced file aside; it stays where it is", relative, exc)
         return 0
     return 1
 
@@ -158,13 +154,17 @@ def _delete_partial(path: Path) -> int:
     try:
         path.unlink(missing_ok=True)
     except OSError as exc:
-        logger.warning(
-            "could not delete a partial write",
-            extra={"fields": {"file": path.name, "errno": exc.errno,
-                              "error": exc.strerror or type(exc).__name__}},
-        )  # fmt: skip
+        _warn_left("could not delete a partial write", Path(path.name), exc)
         return 0
     return 1
+
+
+def _warn_left(message: str, file: Path, exc: OSError) -> None:
+    """A sweep's warning about a file it had to leave (named, never its contents)."""
+    error = exc.strerror or type(exc).__name__
+    logger.warning(
+        message, extra={"fields": {"file": str(file), "errno": exc.errno, "error": error}}
+    )
 
 
 def sweep_orphans(

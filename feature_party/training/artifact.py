@@ -88,8 +88,9 @@ class Predictor:
                 ok = torch.isfinite(raw).all(dim=1) & torch.isfinite(predicted.double())
                 out.append(predicted.cpu().numpy())
                 finite.append(ok.cpu().numpy())
-        if finite and not np.concatenate(finite).all():
-            raise NonFinitePredictionError(np.flatnonzero(~np.concatenate(finite)))
+        bad = np.flatnonzero(~np.concatenate(finite)) if finite else np.zeros(0, np.int64)
+        if bad.size:
+            raise NonFinitePredictionError(bad)
         dtype = np.int64 if self.loss.classification else np.float64
         return np.concatenate(out).astype(dtype) if out else np.zeros(0, dtype=dtype)
 
