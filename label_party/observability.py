@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shared.lease_queue import Status
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 REQUESTS = Counter(
     "labeldp_requests_total",
@@ -68,12 +70,45 @@ class EpsilonSpentCollector(Collector):
         yield gauge
 
 
+class TrainingsCollector(Collector):
+    """``labeldp_trainings{status}`` and ``labeldp_trainings_stalled``: trainings
+    by status, and the running ones whose worker let its lease lapse (dead or
+    hung: the alert an operator wants, since they read ``running`` until another
+    worker claims them). Read per scrape, as :class:`EpsilonSpentCollector`."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from label_party.db import transaction
+        from label_party.trainings import repository
+
+        try:
+            with transaction(self.db.reader) as session:
+                counts, stalled = repository.census(session)
+        except Exception:  # reported by labeldp_ledger_up, read from the same database
+            log.exception("metrics: cannot read the trainings")
+            return
+        by_status = GaugeMetricFamily(
+            "labeldp_trainings", "LabelDP-Pro trainings by status", labels=["status"]
+        )
+        for status in Status:
+            by_status.add_metric([status.value], float(counts.get(status.value, 0)))
+        yield by_status
+        yield GaugeMetricFamily(
+            "labeldp_trainings_stalled",
+            "running trainings whose worker let its lease lapse (died or hung)",
+            value=float(stalled),
+        )
+
+
 def scrape(db: Any) -> bytes:
     """The Prometheus text exposition: the process's counters and histograms, then
-    the ε spent per dataset from ``db``."""
-    ledger = CollectorRegistry(auto_describe=False)
-    ledger.register(EpsilonSpentCollector(db))
-    return generate_latest(REGISTRY) + generate_latest(ledger)
+    the ε spent per dataset and the trainings' census from ``db``."""
+    database = CollectorRegistry(auto_describe=False)
+    database.register(EpsilonSpentCollector(db))
+    database.register(TrainingsCollector(db))
+    return generate_latest(REGISTRY) + generate_latest(database)
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:

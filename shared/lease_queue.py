@@ -82,6 +82,25 @@ class LeaseQueue(Generic[RowT]):
         database = database.astimezone(UTC)
         return database if local.tzinfo is not None else database.replace(tzinfo=None)
 
+    def stalled(self, row: RowT) -> bool:
+        """Whether ``row`` is running on a lease its worker let lapse: the worker
+        died, hung or lost the database. Such a row reads ``running`` until the
+        next claim takes it back, so readers are told."""
+        r: Any = row
+        expires = r.lease_expires_at
+        if r.status != Status.RUNNING or expires is None:
+            return False
+        return bool(expires < self.now())
+
+    def count_stalled(self) -> int:
+        """How many rows are :meth:`stalled`."""
+        lapsed = self._lapsed(self.now())
+        return int(self.session.scalar(select(func.count()).where(lapsed)) or 0)
+
+    def _lapsed(self, now: datetime) -> ColumnElement[bool]:
+        t = self._t
+        return and_(t.status == Status.RUNNING, t.lease_expires_at < now)
+
     def _rowcount(self, statement: Any) -> int:
         result: Any = self.session.execute(statement)
         return int(result.rowcount)
@@ -98,7 +117,7 @@ class LeaseQueue(Generic[RowT]):
         :meth:`fail_exhausted`'s, even when its lease ran out after that call)."""
         t = self._t
         now = self.now()
-        lapsed = and_(t.status == Status.RUNNING, t.lease_expires_at < now)
+        lapsed = self._lapsed(now)
         if max_attempts is not None:
             lapsed = and_(lapsed, t.attempts < max_attempts)
         claimable = or_(t.status == Status.QUEUED, lapsed)
@@ -202,9 +221,7 @@ class LeaseQueue(Generic[RowT]):
         their ids (the caller records and cleans up after them)."""
         t = self._t
         now = self.now()
-        exhausted = and_(
-            t.status == Status.RUNNING, t.lease_expires_at < now, t.attempts >= max_attempts
-        )
+        exhausted = and_(self._lapsed(now), t.attempts >= max_attempts)
         ids = list(self.session.scalars(select(t.id).where(exhausted).with_for_update()))
         if not ids:
             return []

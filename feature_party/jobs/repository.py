@@ -32,6 +32,10 @@ class JobRepository:
     def _queue(self) -> LeaseQueue[Job]:
         return LeaseQueue(self.session, Job, clock=utcnow)
 
+    def stalled(self, job: Job) -> bool:
+        """Running on a lease its worker let lapse (``LeaseQueue.stalled``)."""
+        return self._queue().stalled(job)
+
     def forgive(self, job_id: str, worker_id: str) -> bool:
         """Give back the attempt storage failed (``LeaseQueue.forgive``)."""
         return self._queue().forgive(job_id, worker_id)

@@ -40,7 +40,14 @@ class JobRead(BaseModel):
     metrics: dict[str, Any] | None
     model_id: str | None
     error: str | None
-    attempts: int
+    attempts: int = Field(description="claims by workers; one that died or stalled counts")
+    lease_expires_at: datetime | None = Field(
+        description="while running: when the worker's lease lapses unless it renews it"
+    )
+    stalled: bool = Field(
+        description="running, but the worker let its lease lapse (it died, hung or lost the "
+        "database): the next worker to claim the job resumes it from its last checkpoint"
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

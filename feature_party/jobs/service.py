@@ -86,7 +86,7 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
 
 
 def get(session: Session, job_id: str) -> JobRead:
-    return to_read(JobRepository(session).get(job_id))
+    return to_read(session, JobRepository(session).get(job_id))
 
 
 def cancel(session: Session, job_id: str) -> JobRead:
@@ -99,10 +99,10 @@ def cancel(session: Session, job_id: str) -> JobRead:
             detail={"status": job.status},
         )
     session.refresh(job)
-    return to_read(job)
+    return to_read(session, job)
 
 
-def to_read(job: Job) -> JobRead:
+def to_read(session: Session, job: Job) -> JobRead:
     return JobRead(
         id=job.id,
         status=Status(job.status),
@@ -114,6 +114,8 @@ def to_read(job: Job) -> JobRead:
         model_id=job.model_id,
         error=job.error,
         attempts=job.attempts,
+        lease_expires_at=job.lease_expires_at,
+        stalled=JobRepository(session).stalled(job),
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,

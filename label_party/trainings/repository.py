@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from label_party import pagination
@@ -12,6 +12,12 @@ from shared.lease_queue import LeaseQueue
 
 def queue(session: Session) -> LeaseQueue[Training]:
     return LeaseQueue(session, Training, clock=utcnow)
+
+
+def census(session: Session) -> tuple[dict[str, int], int]:
+    """Trainings by status, and how many of the running ones are stalled."""
+    rows = session.execute(select(Training.status, func.count()).group_by(Training.status))
+    return {status: int(n) for status, n in rows}, queue(session).count_stalled()
 
 
 def by_idempotency_key(session: Session, dataset_id: str, key: str) -> Training | None:

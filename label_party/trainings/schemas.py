@@ -79,7 +79,16 @@ class TrainingRead(BaseModel):
     metrics: dict[str, Any] | None = None
     sha256: str | None = None
     error: str | None = None
-    attempts: int
+    attempts: int = Field(description="claims by workers; one that died or stalled counts")
+    lease_expires_at: datetime | None = Field(
+        default=None,
+        description="while running: when the worker's lease lapses unless it renews it",
+    )
+    stalled: bool = Field(
+        default=False,
+        description="running, but the worker let its lease lapse (it died, hung or lost the "
+        "database): the next worker to claim the training resumes it from its last checkpoint",
+    )
     idempotency_key: str | None = None
     created_at: datetime
     started_at: datetime | None = None

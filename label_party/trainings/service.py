@@ -527,6 +527,8 @@ def to_read(session: Session, training: Training) -> TrainingRead:
         sha256=training.model_sha256,
         error=training.error,
         attempts=training.attempts,
+        lease_expires_at=training.lease_expires_at,
+        stalled=repository.queue(session).stalled(training),
         idempotency_key=training.idempotency_key,
         created_at=training.created_at,
         started_at=training.started_at,

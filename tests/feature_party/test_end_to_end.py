@@ -222,7 +222,12 @@ def test_sigkilled_worker_job_is_requeued_and_resumes(stack: Stack) -> None:
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    assert stack.job(job_id)["status"] == "running"  # still leased to the dead worker
+    dead = stack.job(job_id)
+    assert dead["status"] == "running"  # still leased to the dead worker
+    assert dead["lease_expires_at"] is not None
+    # The API tells a dead worker's job from a live one once its lease lapses.
+    stalled = stack.wait(job_id, lambda j: j["stalled"], timeout=30)
+    assert stalled["status"] == "running" and stalled["attempts"] == 1
     second = stack.worker("rescuer")
     try:
         job = stack.wait(job_id, lambda j: j["status"] in {"succeeded", "failed"}, timeout=180)
@@ -230,7 +235,7 @@ def test_sigkilled_worker_job_is_requeued_and_resumes(stack: Stack) -> None:
         second.terminate()
         second.wait(timeout=30)
     assert job["status"] == "succeeded", job["error"]
-    assert job["attempts"] == 2
+    assert job["attempts"] == 2 and not job["stalled"] and job["lease_expires_at"] is None
     assert job["metrics"]["resumed_from_epoch"] >= 1
     assert job["metrics"]["epochs_run"] == 10
     database = Database(f"sqlite:///{stack.data_dir / 'feature-party.db'}")

@@ -106,6 +106,29 @@ def test_expired_lease_requeues_and_the_old_worker_loses(db: tuple[Database, Set
         assert JobRepository(session).get(job_id).status == Status.SUCCEEDED
 
 
+def test_a_lapsed_lease_reads_stalled_until_the_job_is_claimed_again(
+    db: tuple[Database, Settings],
+) -> None:
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    # One at a time, so that claims take them in this order (oldest first).
+    live, lapsed, waiting = (add_jobs(database, fs, labels, 1, **TINY)[0] for _ in range(3))
+    with database.session() as session:
+        repo = JobRepository(session)
+        for worker, seconds, expected in [("alive", 60, live), ("dead", -1, lapsed)]:
+            job = repo.claim(worker_id=worker, lease_seconds=seconds)
+            assert job is not None and job.id == expected
+    with database.session() as session:
+        repo = JobRepository(session)
+        stalled = {j: repo.stalled(repo.get(j)) for j in (lapsed, live, waiting)}
+        assert stalled == {lapsed: True, live: False, waiting: False}
+        assert LeaseQueue(session, Job, clock=utcnow).count_stalled() == 1
+        retaken = repo.claim(worker_id="rescuer", lease_seconds=60)
+        assert retaken is not None and retaken.id == lapsed
+        assert not repo.stalled(retaken)
+        assert LeaseQueue(session, Job, clock=utcnow).count_stalled() == 0
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("db", ["postgres"], indirect=True)
 def test_a_worker_whose_clock_runs_fast_takes_no_healthy_lease(

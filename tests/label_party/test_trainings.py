@@ -759,6 +759,43 @@ def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> No
     assert r.status_code == 422 and r.json()["error"] == "invalid_request"
 
 
+def _gauge(server: Server, name: str) -> float:
+    text = server.client().get("/metrics").text
+    [line] = [x for x in text.splitlines() if x.startswith(name + " ")]
+    return float(line.split()[-1])
+
+
+def test_a_training_whose_worker_died_reads_stalled_until_one_takes_it(
+    server: Server, granted: Any
+) -> None:
+    """A dead worker's training still reads ``running`` (its lease is the only
+    sign); the API says ``stalled`` and ``/metrics`` counts it, so an operator can
+    tell it from a live one, until a worker claims and finishes it."""
+    _admin, client, dataset_id, ids, labels = granted
+    settings = _settings(server)
+    training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5,
+                      **CHEAP).json()  # fmt: skip
+    stalled_before = _gauge(server, "labeldp_trainings_stalled")
+    db = connect(settings.resolved_database_url)
+    try:
+        with transaction(db.writer) as session:  # its worker died a minute ago
+            row = session.get(Training, training["id"])
+            assert row is not None
+            row.status, row.worker_id, row.attempts = "running", "dead", 1
+            row.lease_expires_at = datetime.now(UTC) - timedelta(minutes=1)
+    finally:
+        db.dispose()
+    dead = client.get(f"/v1/trainings/{training['id']}").json()
+    assert dead["status"] == "running" and dead["stalled"] is True
+    assert dead["lease_expires_at"] is not None
+    assert _gauge(server, "labeldp_trainings_stalled") == stalled_before + 1
+    assert run_worker(server) >= 1
+    done = client.get(f"/v1/trainings/{training['id']}").json()
+    assert done["status"] == "succeeded" and done["attempts"] == 2
+    assert done["stalled"] is False and done["lease_expires_at"] is None
+    assert _gauge(server, "labeldp_trainings_stalled") == stalled_before
+
+
 def test_a_training_whose_workers_kept_dying_fails_in_the_audit_log(
     server: Server, granted: Any
 ) -> None:
