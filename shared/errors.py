@@ -14,7 +14,8 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.protocol import ErrorBody
@@ -137,15 +138,42 @@ def storage_message(problem: str) -> str:
     )
 
 
+#: Seconds a 503 ``database_unavailable`` asks a client to wait (``Retry-After``):
+#: about what a Postgres restart or failover takes.
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database is not answering now (down, restarting,
+    failing over, out of connections, locked by a writer) rather than that the
+    request or the code is wrong: the driver's operational and interface errors,
+    a connection the pool found dead, and the pool's own timeout."""
+    if isinstance(exc, PoolTimeoutError):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+
+
 def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSONResponse:
     """An exception no handler knows: 507 when storage refused a write (the errno,
-    never a path or the text), else 500 with a fixed message; logged either way."""
+    never a path or the text), 503 when the database is not answering (a client
+    retries; nothing was changed, as the transaction rolled back), else 500 with a
+    fixed message; logged either way."""
     logger.error("unhandled error", exc_info=exc)
     problem = storage_problem(exc)
     if problem is not None:
         return error_response(
             507, "storage_unavailable", storage_message(problem), {"errno": problem}
         )
+    if database_unavailable(exc):
+        response = error_response(
+            503,
+            "database_unavailable",
+            "the service's database is not answering; retry shortly",
+        )
+        response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response
     return error_response(500, "internal_error", "internal error")
 
 
