@@ -172,6 +172,12 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
         p.add_argument("run_id", help="the run's id (`multistage start` prints it)")
         service_url(p)
         p.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+        if handler == "resume":
+            p.add_argument(
+                "--training",
+                help="a corrected training configuration (JSON object or path) for the "
+                "stages not yet trained, e.g. when a stage failed for its device",
+            )
         p.set_defaults(handler=run_multistage, multistage_action=handler)
 
 
@@ -313,7 +319,10 @@ def run_multistage(args: argparse.Namespace) -> int:
         print(json.dumps(call("GET", args.url, path), indent=2))
         return 0
     if args.multistage_action == "resume":
-        call("POST", args.url, f"{path}/resume", {"token": labels_party_token()})
+        body: dict[str, Any] = {"token": labels_party_token()}
+        if args.training is not None:
+            body["training"] = json_arg(args.training, "--training")
+        call("POST", args.url, f"{path}/resume", body)
     return _watch_run(args.url, args.run_id, interval=args.interval)
 
 

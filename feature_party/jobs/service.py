@@ -17,8 +17,9 @@ from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.schemas import JobAccepted, JobCreate, JobRead
 from feature_party.jobs.status import Status
 from feature_party.models.repository import ModelRepository
-from feature_party.orm import Job
+from feature_party.orm import FeatureSet, Job
 from feature_party.received_labels.repository import ReceivedLabelsRepository
+from feature_party.training.config import TrainingConfig
 from feature_party.training.dataset import count_join
 from feature_party.training.losses import debiasing_problem
 
@@ -41,15 +42,7 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
             unmatched=unmatched,
         )
     config = body.training()
-    roles = feature_set.roles or {}
-    problem = config.input_problem(len(roles.get("numeric", [])), len(roles.get("categorical", [])))
-    if problem:
-        raise InvalidInputError(problem)
-    if matched - round(matched * config.validation_fraction) < 1:
-        raise InvalidInputError(
-            f"validation_fraction {config.validation_fraction:g} of the {matched} joined "
-            "examples leaves none to train on"
-        )
+    check_training(config, feature_set, matched)
     if config.init_model_id is not None:
         ModelRepository(session).get(config.init_model_id)  # 404 for an unknown model
     released_task = labels.manifest.get("task")
@@ -83,6 +76,21 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
         )
     )
     return JobAccepted(id=job.id, status=Status(job.status))
+
+
+def check_training(config: TrainingConfig, feature_set: FeatureSet, num_examples: int) -> None:
+    """Refuse a training ``feature_set`` cannot feed, or whose validation split
+    leaves none of ``num_examples`` to train on (422): what is known before any
+    label arrives, so an LP-MST run checks it before its first release spends ε."""
+    roles = feature_set.roles or {}
+    problem = config.input_problem(len(roles.get("numeric", [])), len(roles.get("categorical", [])))
+    if problem:
+        raise InvalidInputError(problem)
+    if num_examples - round(num_examples * config.validation_fraction) < 1:
+        raise InvalidInputError(
+            f"validation_fraction {config.validation_fraction:g} of the {num_examples} "
+            "joined examples leaves none to train on"
+        )
 
 
 def get(session: Session, job_id: str) -> JobRead:

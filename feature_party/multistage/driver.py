@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import SecretStr
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from feature_party.client import LabelsPartyClient, LabelsPartyError, LabelsPartyHTTPError
@@ -99,7 +100,7 @@ class Driver:
         except _Stopped:
             self._finish(RunStatus.INTERRUPTED, "the service stopped; resume with the token")
         except Exception as exc:
-            why = str(exc) if isinstance(exc, RunFailedError) else f"{type(exc).__name__}: {exc}"
+            why = _describe(exc)
             if self.stop.is_set():
                 # A step that fails while the service stops may fail because of the
                 # stop (its connections closing): a resume tries it again.
@@ -278,6 +279,7 @@ class Driver:
         outputs = first.manifest.get("mechanism", {}).get("outputs")
         manifest = {
             "derived": "lp-mst",
+            "task": "classification",
             "run_id": run.id,
             "stage": t,
             "releases": releases,
@@ -289,7 +291,9 @@ class Driver:
             feature_set_id=run.feature_set_id,
             labels_party_url=run.labels_party_url,
             dataset_id=run.dataset_id,
-            release_id=",".join(releases),
+            # The stage's own release; ``manifest.releases`` lists all it joins (their
+            # ids side by side outgrow the column from stage 6 on).
+            release_id=releases[-1],
             manifest=manifest,
             sha256=sha,
             path=str(relative),
@@ -440,6 +444,16 @@ class Driver:
 
 
 # -- helpers --------------------------------------------------------------------------
+
+
+def _describe(exc: Exception) -> str:
+    """A failed run's ``error``: the database's own message, not SQLAlchemy's, which
+    quotes the statement and its parameters."""
+    if isinstance(exc, RunFailedError):
+        return str(exc)
+    if isinstance(exc, DBAPIError):
+        return f"database error: {type(exc.orig).__name__}: {exc.orig}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def part_sizes(n: int, fractions: list[float]) -> list[int]:

@@ -50,10 +50,12 @@ def get_run(request: Request, session: SessionDep, run_id: str) -> MultistageRea
 )
 def resume_run(request: Request, run_id: str, body: MultistageResume) -> MultistageRead:
     """Continue an interrupted or failed run from its last finished step. A
-    release already made is replayed by its idempotency key, never paid twice."""
+    release already made is replayed by its idempotency key, never paid twice; a
+    stage whose job failed or was cancelled trains again, with ``training`` if the
+    body gives one."""
     drivers = _drivers(request)
     with drivers.database.session() as session:
-        service.prepare_resume(session, run_id, active=drivers.is_active(run_id))
+        service.prepare_resume(session, run_id, body, active=drivers.is_active(run_id))
     drivers.launch(run_id, body.token.get_secret_value())
     with drivers.database.session() as session:
         return service.get(session, run_id, active=True)

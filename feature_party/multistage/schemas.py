@@ -28,6 +28,25 @@ class RunStatus(StrEnum):
     INTERRUPTED = "interrupted"
 
 
+def _classifier_defaults(cls: type, value: object) -> object:
+    """LP-MST trains classifiers: a training without a task (or loss) is one, so
+    what is refused is what was asked for, not the default regression task."""
+    if isinstance(value, dict):
+        return {"task": "classification", "loss": "cross-entropy", **value}
+    return value
+
+
+def _check_training(training: TrainingConfig) -> None:
+    if training.task != "classification":
+        raise ValueError("LP-MST trains classifiers: training.task must be classification")
+    if training.init_model_id is not None:
+        raise ValueError("training.init_model_id is set by each stage; leave it out")
+    if training.loss == "rr-debiased-cross-entropy":
+        # It undoes K-ary RR; stages ≥ 2 release RRTop-k (rr-with-prior), whose
+        # flips that correction would get wrong.
+        raise ValueError("LP-MST trains on RRTop-k labels: use loss cross-entropy")
+
+
 class MultistageCreate(BaseModel):
     """``POST /v1/multistage``: train with LP-MST on ``feature_set_id`` and the labels
     of ``dataset_id``. ``token`` (the labels party's client token) is held in the
@@ -67,25 +86,11 @@ class MultistageCreate(BaseModel):
         default_factory=lambda: TrainingConfig(task="classification", loss="cross-entropy")
     )
 
-    @field_validator("training", mode="before")
-    @classmethod
-    def _classifier_by_default(cls, value: object) -> object:
-        """LP-MST trains classifiers: a training without a task (or loss) is one, so
-        what is refused is what was asked for, not the default regression task."""
-        if isinstance(value, dict):
-            return {"task": "classification", "loss": "cross-entropy", **value}
-        return value
+    _classifier_by_default = field_validator("training", mode="before")(_classifier_defaults)
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if self.training.task != "classification":
-            raise ValueError("LP-MST trains classifiers: training.task must be classification")
-        if self.training.init_model_id is not None:
-            raise ValueError("training.init_model_id is set by each stage; leave it out")
-        if self.training.loss == "rr-debiased-cross-entropy":
-            # It undoes K-ary RR; stages ≥ 2 release RRTop-k (rr-with-prior), whose
-            # flips that correction would get wrong.
-            raise ValueError("LP-MST trains on RRTop-k labels: use loss cross-entropy")
+        _check_training(self.training)
         if self.fractions is not None:
             if len(self.fractions) != self.stages:
                 raise ValueError("fractions needs one share per stage")
@@ -110,9 +115,23 @@ class MultistageCreate(BaseModel):
 
 
 class MultistageResume(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """``POST /v1/multistage/{id}/resume``. ``training``, if given, replaces the
+    run's training configuration for every stage not yet trained (a failed stage's
+    included): the fix for a training that failed for its configuration (a device
+    the workers lack, a model too large), since the releases are paid for."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     token: BearerToken
+    training: TrainingConfig | None = None
+
+    _classifier_by_default = field_validator("training", mode="before")(_classifier_defaults)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.training is not None:
+            _check_training(self.training)
+        return self
 
 
 class StageRead(BaseModel):

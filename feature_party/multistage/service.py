@@ -16,11 +16,14 @@ from feature_party.config import Settings
 from feature_party.db import Database
 from feature_party.errors import ConflictError, InvalidInputError, not_found
 from feature_party.feature_sets.repository import FeatureSetRepository
+from feature_party.jobs import service as jobs
 from feature_party.jobs.repository import JobRepository
+from feature_party.jobs.status import Status
 from feature_party.multistage.driver import Driver, part_sizes
 from feature_party.multistage.schemas import (
     MultistageCreate,
     MultistageRead,
+    MultistageResume,
     RunStatus,
     StageRead,
 )
@@ -106,6 +109,8 @@ def create(session: Session, body: MultistageCreate) -> MultistageRun:
             f"as {sizes}; use fewer stages or larger fractions",
             detail={"num_rows": feature_set.num_rows, "stage_sizes": sizes},
         )
+    # Stage 1 trains on the fewest examples: its part.
+    jobs.check_training(body.training, feature_set, sizes[0])
     seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
     now = utcnow()
     run = MultistageRun(
@@ -139,8 +144,15 @@ def effective_status(run: MultistageRun, *, active: bool) -> RunStatus:
     return status
 
 
-def prepare_resume(session: Session, run_id: str, *, active: bool) -> MultistageRun:
-    run = _get(session, run_id)
+def prepare_resume(
+    session: Session, run_id: str, body: MultistageResume, *, active: bool
+) -> MultistageRun:
+    """Mark the run running again for a new driver; locked, so that of two services
+    resuming it at once one gets 409. A stage whose job ended without a model (it
+    failed, or was cancelled while the run was stopped) is set to train again."""
+    run = session.get(MultistageRun, run_id, with_for_update=True)
+    if run is None:
+        raise not_found("multistage run", run_id)
     status = effective_status(run, active=active)
     if status not in (RunStatus.INTERRUPTED, RunStatus.FAILED):
         stale = (
@@ -156,6 +168,12 @@ def prepare_resume(session: Session, run_id: str, *, active: bool) -> Multistage
             code="run_not_resumable",
             detail={"status": status},
         )
+    if body.training is not None:
+        feature_set = FeatureSetRepository(session).get(run.feature_set_id)
+        first = part_sizes(feature_set.num_rows, run.config["fractions"])[0]
+        jobs.check_training(body.training, feature_set, first)
+        run.config = {**run.config, "training": body.training.model_dump(mode="json")}
+    run.state = _retrain_ended_jobs(session, run.state)
     run.status, run.error, run.finished_at, run.updated_at = (
         RunStatus.RUNNING,
         None,
@@ -163,6 +181,19 @@ def prepare_resume(session: Session, run_id: str, *, active: bool) -> Multistage
         utcnow(),
     )
     return run
+
+
+def _retrain_ended_jobs(session: Session, state: dict[str, Any]) -> dict[str, Any]:
+    stages = []
+    for stage in state.get("stages", []):
+        job_id = stage.get("job_id")
+        if job_id is not None and stage.get("model_id") is None:
+            job = JobRepository(session).get(job_id)
+            if Status(job.status).is_final and job.status != Status.SUCCEEDED:
+                failed = [*stage.get("failed_jobs", []), job_id]
+                stage = {k: v for k, v in stage.items() if k != "job_id"} | {"failed_jobs": failed}
+        stages.append(stage)
+    return {**state, "stages": stages}
 
 
 def get(session: Session, run_id: str, *, active: bool) -> MultistageRead:

@@ -187,6 +187,16 @@ def test_what_would_waste_epsilon_is_refused_before_any_spend(services: Services
         services.features.post("/v1/multistage", json={**body, "training": debiased}).status_code
         == 422
     )
+    # A model the features cannot feed, or a stage-1 part its validation split
+    # empties: before, stage 1's release was paid, then its job refused.
+    cnn = services.features.post(
+        "/v1/multistage", json={**body, "training": {**TRAINING, "architecture": "cnn"}}
+    )
+    assert cnn.status_code == 422 and "cnn" in cnn.json()["message"]
+    tiny_first = {**body, "fractions": [0.001, 0.999],
+                  "training": {**TRAINING, "validation_fraction": 0.9}}  # fmt: skip
+    validation = services.features.post("/v1/multistage", json=tiny_first)
+    assert validation.status_code == 422 and "validation_fraction" in validation.json()["message"]
 
     # Another run's plan with the same part sizes but other examples in each part:
     # adopting it would release stage 1 on examples this run did not choose.
@@ -238,6 +248,37 @@ def test_resume_trains_a_failed_stage_again_without_paying_twice(services: Servi
         failed_jobs = stage["failed_jobs"]
     assert len(set(failed_jobs)) == 2  # a new job, not a wait on the dead one
     assert _parts_spent(services, dataset_id)["lpmst-1"] == Decimal(1)  # the release replayed
+    # The stored training cannot succeed here: the resume corrects it.
+    fixed = {"token": token, "training": {**TRAINING, "device": "cpu"}}
+    ok(services.features.post(f"/v1/multistage/{run_id}/resume", json=fixed), 202)
+    run = _wait(services, run_id)
+    assert run["config"]["training"]["device"] == "cpu"
+    assert _parts_spent(services, dataset_id) == {"lpmst-1": Decimal(1), "lpmst-2": Decimal(1)}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_urls", ["postgres"], indirect=True)
+def test_seven_stages_on_postgres(services: Services) -> None:
+    """Stage 6's training labels joined six release ids into one 200-character
+    column: Postgres refused the row, after the release was paid, on every resume."""
+    dataset_id, token, feature_set_id = _setup(services, budget=1.0)
+    body = {"feature_set_id": feature_set_id, "labels_party_url": services.labels_url,
+            "token": token, "dataset_id": dataset_id, "epsilon": 1.0, "stages": 7, "seed": 3,
+            "training": {**TRAINING, "epochs": 1}}  # fmt: skip
+    run = _wait(services, ok(services.features.post("/v1/multistage", json=body), 202)["id"])
+    releases = [s["release_id"] for s in run["stages"]]
+    assert len(set(releases)) == 7
+    for t, stage in enumerate(run["stages"][1:], start=2):  # stage 1 trains on its release
+        derived = ok(services.features.get(f"/v1/received-labels/{stage['training_labels_id']}"),
+                     200)  # fmt: skip
+        assert derived["release_id"] == releases[t - 1]
+        assert derived["manifest"]["releases"] == releases[:t]
+    # The derived labels say what they are: a regression job on them is refused.
+    last = run["stages"][-1]["training_labels_id"]
+    job = {"feature_set_id": feature_set_id, "labels_id": last, "task": "regression",
+           "loss": "squared"}  # fmt: skip
+    refused = services.features.post("/v1/jobs", json=job)
+    assert refused.status_code == 422 and refused.json()["error"] == "task_mismatch"
 
 
 def test_a_run_that_lost_its_registration_s_answer_gets_its_plan_back(

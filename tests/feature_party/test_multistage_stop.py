@@ -6,14 +6,21 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 from feature_party.config import Settings
 from feature_party.db import Database, migrate
+from feature_party.jobs.repository import JobRepository
 from feature_party.multistage import service
-from feature_party.multistage.schemas import MultistageCreate, RunStatus
+from feature_party.multistage.schemas import MultistageCreate, MultistageResume, RunStatus
 from feature_party.orm import MultistageRun
-from tests.feature_party.conftest import seed_inputs
+from shared.errors import ServiceError
+from tests.feature_party.conftest import add_jobs, seed_inputs
 from tests.feature_party.fake_labels_party import tcp_server
+
+RESUME = MultistageResume(token="t")
 
 
 def _hang(conn: socket.socket, stop: threading.Event) -> None:
@@ -58,7 +65,8 @@ def test_a_driver_stuck_in_a_step_is_marked_interrupted_and_resumes(settings: Se
     status, error = _run_status(database, run_id, drivers)
     assert status == RunStatus.INTERRUPTED and "resume with the token" in error
     with database.session() as session:
-        assert service.prepare_resume(session, run_id, active=False).status == RunStatus.RUNNING
+        resumed = service.prepare_resume(session, run_id, RESUME, active=False)
+        assert resumed.status == RunStatus.RUNNING
     database.dispose()
 
 
@@ -96,3 +104,105 @@ def _driver_mark(database: Database, run_id: str) -> str | None:
     with database.session() as session:
         run = session.get(MultistageRun, run_id)
         return None if run is None else run.state.get("driver")
+
+
+def _interrupted_run(database: Database, settings: Settings) -> tuple[str, str]:
+    """(run id, received labels id) of a run stopped before its driver ran a step,
+    on a feature set with a received release."""
+    feature_set_id, labels_id = seed_inputs(database, settings)
+    body = MultistageCreate.model_validate(
+        {"feature_set_id": feature_set_id, "labels_party_url": "http://127.0.0.1:9",
+         "token": "t", "dataset_id": "d", "epsilon": 1.0}
+    )  # fmt: skip
+    with database.session() as session:
+        run = service.create(session, body)
+        run.status = RunStatus.INTERRUPTED
+        return run.id, labels_id
+
+
+def test_a_stage_whose_job_was_cancelled_while_stopped_trains_again_on_resume(
+    settings: Settings,
+) -> None:
+    """Before, the resumed driver waited on the cancelled job, failed the run, and
+    only a second resume trained the stage."""
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    run_id, labels_id = _interrupted_run(database, settings)
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        assert run is not None
+        [cancelled] = add_jobs(database, run.feature_set_id, labels_id, 1, epochs=1)
+    with database.session() as session:
+        assert JobRepository(session).cancel(cancelled)
+        run = session.get(MultistageRun, run_id)
+        assert run is not None
+        run.state = {"partition_plan_id": "p", "stages": [
+            {"stage": 1, "part": "lpmst-1", "num_examples": 200, "job_id": cancelled},
+            {"stage": 2, "part": "lpmst-2", "num_examples": 300}]}  # fmt: skip
+    with database.session() as session:
+        service.prepare_resume(session, run_id, RESUME, active=False)
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        assert run is not None
+        first = run.state["stages"][0]
+        assert "job_id" not in first and first["failed_jobs"] == [cancelled]
+    database.dispose()
+
+
+def test_a_resume_may_correct_the_training_and_is_checked_first(settings: Settings) -> None:
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    run_id, _ = _interrupted_run(database, settings)
+    cnn = MultistageResume.model_validate({"token": "t", "training": {"architecture": "cnn"}})
+    with database.session() as session, pytest.raises(ServiceError, match="cnn"):
+        service.prepare_resume(session, run_id, cnn, active=False)
+    fixed = MultistageResume.model_validate({"token": "t", "training": {"epochs": 2}})
+    with database.session() as session:
+        service.prepare_resume(session, run_id, fixed, active=False)
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        assert run is not None and run.status == RunStatus.RUNNING
+        assert run.config["training"]["epochs"] == 2
+        assert run.config["training"]["task"] == "classification"
+    database.dispose()
+
+
+@pytest.mark.postgres
+def test_two_services_resuming_one_run_at_once_start_one_driver(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Two replicas on one database: the second resume waits on the first's row lock
+    and then finds the run running (409). Before, both read it interrupted and
+    launched a driver each."""
+    from tests.feature_party.conftest import make_settings
+
+    settings = make_settings(tmp_path, database_url=postgres_url)
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    run_id, _ = _interrupted_run(database, settings)
+    first_resumed = threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def first() -> None:
+        with database.session() as session:
+            service.prepare_resume(session, run_id, RESUME, active=False)
+            first_resumed.set()
+            time.sleep(0.5)  # the other replica's resume arrives before this commits
+        outcomes["first"] = "resumed"
+
+    def second() -> None:
+        first_resumed.wait(10)
+        try:
+            with database.session() as session:
+                service.prepare_resume(session, run_id, RESUME, active=False)
+            outcomes["second"] = "resumed"
+        except ServiceError as exc:
+            outcomes["second"] = exc.code
+
+    threads = [threading.Thread(target=f) for f in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes == {"first": "resumed", "second": "run_not_resumable"}
+    database.dispose()
