@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 
 from feature_party.client import path_segment
-from feature_party.config import get_settings
+from shared.spending import command_key
+from shared.tokens import admin_token_problem
 
 #: Long enough for a large upload or a release the labels party randomizes in-line.
 TIMEOUT_SECONDS = 600
@@ -31,14 +32,17 @@ class CommandError(Exception):
 
 
 def admin_token() -> str:
-    """The features party's admin token, which its client commands present."""
-    try:
-        return get_settings().require_admin_token(
-            "this command authenticates to the features party with its admin token; set "
-            "LABELDP_ADMIN_TOKEN"
+    """The features party's admin token, which its client commands present. Read
+    alone: the service's other settings are not a client's to validate (and their
+    errors quoted every setting's value, the token's included)."""
+    token = os.environ.get("LABELDP_ADMIN_TOKEN", "").strip()
+    problem = admin_token_problem(token)
+    if problem:
+        raise CommandError(
+            f"{problem}: this command authenticates to the features party with its admin "
+            "token; set LABELDP_ADMIN_TOKEN"
         )
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
+    return token
 
 
 def call(
@@ -183,7 +187,9 @@ def register_labels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     receive.add_argument("--prior-epsilon", type=float, help="ε for its private prior, if any")
     receive.add_argument("--parts", help="comma-separated parts of the partition plan")
     receive.add_argument(
-        "--idempotency-key", help="reuse on a retry: the same key never spends twice"
+        "--idempotency-key",
+        help="reuse on a retry: the same key never spends twice (default: a fresh key, "
+        "printed on stderr before the request)",
     )
     service_url(receive)
     receive.set_defaults(handler=run_labels_receive)
@@ -227,8 +233,7 @@ def receive_body(args: argparse.Namespace) -> dict[str, Any]:
         release["prior_epsilon"] = args.prior_epsilon
     if args.parts:
         release["parts"] = [p.strip() for p in args.parts.split(",") if p.strip()]
-    if args.idempotency_key:
-        release["idempotency_key"] = args.idempotency_key
+    release["idempotency_key"] = command_key(args.idempotency_key)
     return {**body, "release": release}
 
 

@@ -15,6 +15,7 @@ from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismSpec
 from shared.settings_help import add_serve_command, settings_epilog
+from shared.spending import command_key
 from shared.worker_loop import run_queue_worker
 
 
@@ -314,7 +315,8 @@ def _register_client_commands(
     )
     p.add_argument(
         "--idempotency-key",
-        help="a retry with the same key (by the same client) returns the same release, spent once",
+        help="a retry with the same key (by the same client) returns the same release, spent "
+        "once (default: a fresh key, printed on stderr before the request)",
     )
     p.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE",
@@ -427,8 +429,7 @@ def _release(args: argparse.Namespace) -> int:
         body["parts"] = [p.strip() for p in args.parts.split(",") if p.strip()]
         if not body["parts"]:
             raise CommandError("--parts names no part (omit it to release every example)")
-    if args.idempotency_key:
-        body["idempotency_key"] = args.idempotency_key
+    body["idempotency_key"] = command_key(args.idempotency_key)
     return _print(_request(args, "POST", f"/v1/datasets/{args.dataset}/releases", json=body))
 
 
@@ -529,7 +530,10 @@ def _register_training_commands(
         help='more spec fields, a JSON object, e.g. \'{"hidden": [16], "smoothing": 1}\' '
         "(docs/walkthrough-labels-party.md lists them)",
     )
-    p.add_argument("--idempotency-key", help="a retry with the same key spends once")
+    p.add_argument(
+        "--idempotency-key",
+        help="a retry with the same key spends once (default: a fresh key, printed on stderr)",
+    )
     p.add_argument("--watch", action="store_true", help="follow it until it ends")
     p.set_defaults(handler=_training_create)
     p = add("list", "print a dataset's trainings (yours, or all for the admin) as JSON")
@@ -570,8 +574,7 @@ def _training_spec(args: argparse.Namespace) -> dict[str, Any]:
             spec["image_shape"] = [int(v) for v in args.image_shape.split(",")]
         except ValueError:
             raise CommandError("--image-shape: C,H,W, e.g. 1,28,28") from None
-    if args.idempotency_key:
-        spec["idempotency_key"] = args.idempotency_key
+    spec["idempotency_key"] = command_key(args.idempotency_key or spec.get("idempotency_key"))
     return spec
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated, TypeVar
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -18,6 +18,7 @@ from label_party.exceptions import InvalidRequestError, UnauthorizedError
 from label_party.trainings.schemas import TrainingSpec
 from shared.limits import Authorizer
 from shared.protocol import ReleaseCreate
+from shared.spending import merged_key
 
 T = TypeVar("T")
 # The requests that spend budget and so take an idempotency key.
@@ -95,30 +96,11 @@ def known_caller(app: FastAPI) -> Authorizer:
     return check
 
 
-# The IETF draft's header, for clients written from the protocol diagram; the body's
-# `idempotency_key` (DESIGN.md §6) means the same.
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        min_length=1,
-        max_length=200,
-        description="Same as the body's `idempotency_key`; if both are sent they must be equal",
-    ),
-]
-
-
 def with_idempotency_key(request: Spending, header_key: str | None) -> Spending:
-    """``request`` carrying the ``Idempotency-Key`` header's key as its own.
-
-    A retry that sends the key only as a header must replay, not spend again; a
-    header that disagrees with the body is 422, since either could be the one meant.
-    """
-    body_key = request.idempotency_key
-    if header_key is None or header_key == body_key:
-        return request
-    if body_key is not None:
-        raise InvalidRequestError(
-            "the Idempotency-Key header and the body's idempotency_key differ; send one"
-        )
-    return request.model_copy(update={"idempotency_key": header_key})
+    """``request`` carrying the ``Idempotency-Key`` header's key as its own
+    (:func:`shared.spending.merged_key`)."""
+    try:
+        key = merged_key(request.idempotency_key, header_key)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    return request.model_copy(update={"idempotency_key": key})

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
+
+import httpx
 
 from feature_party import cli as feature_cli
 from feature_party.cli_client import CommandError as FeatureCommandError
 from feature_party.client import LabelsPartyError, LabelsPartyHTTPError
 from label_party import cli as label_cli
 from labeldp import demo, experiment
+from labeldp.datasets import DatasetUnavailableError
 from labeldp.processes import ServiceStartError
 from shared.migrations import SchemaError
 from shared.startup import StartupError
@@ -33,7 +37,13 @@ TOKEN_OPTIONS = frozenset({"--token", "--labels-token", "--features-token"})
 _LONG_OPTION = re.compile(r"--[a-z][a-z-]*")
 
 #: Failures of a run (a service down, a step refused): one line, exit status 1.
-RUNTIME_ERRORS = (demo.DemoError, LabelsPartyError, ServiceStartError, SchemaError)
+RUNTIME_ERRORS = (
+    demo.DemoError,
+    LabelsPartyError,
+    ServiceStartError,
+    SchemaError,
+    DatasetUnavailableError,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,9 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RUNTIME_ERRORS as exc:
         print(f"labeldp: error: {_with_detail(exc)}", file=sys.stderr)
         return 1
+    except httpx.InvalidURL as exc:
+        print(f"labeldp: error: not a URL: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("labeldp: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (``| head``): say nothing more, and keep Python's
+        # exit-time flush of stdout from raising again (the Python docs' recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return result
 
 

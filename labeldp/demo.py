@@ -244,10 +244,21 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(handler=run)
 
 
+def _writable_output(out: Path) -> None:
+    """Refuse an ``--output`` the report could not be written to."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise DemoError(f"--output {out}: cannot write there ({exc.strerror})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.epsilon) and args.epsilon > 0):
         raise DemoError(f"--epsilon must be a finite number > 0, got {args.epsilon}")
     plan = default_plan(quick=args.quick, epsilon=args.epsilon)
+    _writable_output(args.output)  # before the minute of work, not after it
     started = time.perf_counter()
 
     def say(message: str) -> None:
@@ -269,6 +280,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(result["outcomes"]))
     audit = result["audit"]
     print(f"\naudit verification: ok={audit.get('ok')} entries={audit.get('entries')}")
-    report = write_report(result, args.output)
+    try:
+        report = write_report(result, args.output)
+    except OSError as exc:
+        raise DemoError(f"cannot write the report to {args.output}: {exc.strerror}") from None
     say(f"report written to {report.resolve()}")
     return 0 if audit.get("ok") else 1

@@ -55,9 +55,13 @@ class ServiceProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
+        # Its settings are ``env`` alone: a LABELDP_DATABASE_URL exported for a
+        # real deployment must never reach a demo's services (they would migrate
+        # that database, both parties into the one).
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("LABELDP_")}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "labeldp", *self.args],
-            env={**os.environ, **self.env},
+            env={**inherited, **self.env},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C in the terminal reaches us, not it
@@ -68,15 +72,27 @@ class ServiceProcess:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise ServiceStartError(
-                    f"{self.name} exited with status {self.process.returncode}; see {self.log_path}"
+                    f"{self.name} exited with status {self.process.returncode}; "
+                    f"its log ends:\n{self.log_tail()}"
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
                     return
             time.sleep(0.2)
         raise ServiceStartError(
-            f"{self.name} not healthy after {timeout:.0f} s; see {self.log_path}"
+            f"{self.name} not healthy after {timeout:.0f} s; its log ends:\n{self.log_tail()}"
         )
+
+    def log_tail(self, lines: int = 5) -> str:
+        """The log's last lines, quoted in a start failure: the log itself is often in
+        a temporary directory that is gone by the time the user reads the error."""
+        if self._log is not None:
+            self._log.flush()
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "  (no log)"
+        return "\n".join(f"  {line}" for line in text[-lines:]) or "  (empty)"
 
     def stop(self, timeout: float = 10.0) -> None:
         proc = self.process

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -157,7 +157,8 @@ def database_unavailable(exc: BaseException) -> bool:
 
 def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSONResponse:
     """An exception no handler knows: 507 when storage refused a write (the errno,
-    never a path or the text), 503 when the database is not answering (a client
+    never a path or the text), 422 for a value the database cannot hold (its
+    ``DataError``), 503 when the database is not answering (a client
     retries; nothing was changed, as the transaction rolled back), else 500 with a
     fixed message; logged either way."""
     logger.error("unhandled error", exc_info=exc)
@@ -165,6 +166,15 @@ def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSO
     if problem is not None:
         return error_response(
             507, "storage_unavailable", storage_message(problem), {"errno": problem}
+        )
+    if isinstance(exc, DataError):
+        # A value the request carried that the database cannot hold or compare: a
+        # NUL character (Postgres text cannot), or one longer than its column.
+        return error_response(
+            422,
+            "invalid_request",
+            "a value in the request cannot be stored by the database (a NUL character, "
+            "or longer than the service keeps)",
         )
     if database_unavailable(exc):
         response = error_response(

@@ -9,7 +9,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from feature_party.received_labels.schemas import LabelsPartyUrl
+from feature_party.received_labels.schemas import DatasetId, LabelsPartyUrl
 from feature_party.training.config import TrainingConfig
 from shared.tokens import BearerToken
 
@@ -57,7 +57,7 @@ class MultistageCreate(BaseModel):
     feature_set_id: str
     labels_party_url: LabelsPartyUrl
     token: BearerToken
-    dataset_id: str
+    dataset_id: DatasetId
     epsilon: float = Field(gt=0, description="ε of every stage's release; each part pays it once")
     stages: int = Field(default=2, ge=1, le=10, description="T")
     fractions: list[float] | None = Field(

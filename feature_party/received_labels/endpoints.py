@@ -9,6 +9,7 @@ from feature_party.exception_handlers import ERROR_RESPONSES
 from feature_party.received_labels import service
 from feature_party.received_labels.schemas import ReceivedLabelsCreate, ReceivedLabelsRead
 from shared.protocol import ErrorBody
+from shared.spending import IdempotencyKeyHeader
 
 router = APIRouter(
     prefix="/v1/received-labels",
@@ -38,9 +39,15 @@ router = APIRouter(
 
 @router.post("", status_code=201, response_model=ReceivedLabelsRead)
 def receive_labels(
-    session: SessionDep, settings: SettingsDep, body: ReceivedLabelsCreate
+    session: SessionDep,
+    settings: SettingsDep,
+    body: ReceivedLabelsCreate,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> ReceivedLabelsRead:
-    """Request or fetch a release, verify it, and join it to a feature set."""
+    """Request or fetch a release, verify it, and join it to a feature set. The
+    ``Idempotency-Key`` header is the new release's ``idempotency_key``."""
+    if idempotency_key is not None:
+        body = service.with_header_key(body, idempotency_key)
     return service.receive(session, settings, body)
 
 

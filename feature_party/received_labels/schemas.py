@@ -26,8 +26,10 @@ def _usable_url(value: str) -> str:
 
 #: The labels party's base URL, as the features party's requests give it.
 LabelsPartyUrl = Annotated[
-    str, Field(pattern=r"^https?://", max_length=2000), AfterValidator(_usable_url)
+    str, Field(pattern=r"^https?://", max_length=500), AfterValidator(_usable_url)
 ]
+#: A labels-party dataset id, as the rows that name it store it.
+DatasetId = Annotated[str, Field(min_length=1, max_length=200)]
 
 
 class ReceivedLabelsCreate(BaseModel):
@@ -41,7 +43,7 @@ class ReceivedLabelsCreate(BaseModel):
     feature_set_id: str
     labels_party_url: LabelsPartyUrl
     token: BearerToken
-    dataset_id: str
+    dataset_id: DatasetId
     release: ReleaseCreate | None = None
     release_id: str | None = None
 

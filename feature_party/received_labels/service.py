@@ -45,6 +45,7 @@ from feature_party.received_labels.schemas import ReceivedLabelsCreate, Received
 from feature_party.training.dataset import count_join
 from shared.errors import storage_problem
 from shared.protocol import ReleaseRead
+from shared.spending import merged_key
 
 
 def make_client(settings: Settings, url: str, token: str) -> LabelsPartyClient:
@@ -108,6 +109,21 @@ LABELS_PARTY_STORAGE = "labels_party_storage_unavailable"
 
 def _integrity(message: str, release_id: str) -> UpstreamError:
     return UpstreamError(message, code="release_integrity_error", detail={"release_id": release_id})
+
+
+def with_header_key(request: ReceivedLabelsCreate, header_key: str) -> ReceivedLabelsCreate:
+    """``request`` whose new release carries the ``Idempotency-Key`` header's key
+    (:func:`shared.spending.merged_key`); 422 for a header on a fetch."""
+    if request.release is None:
+        raise InvalidInputError(
+            "the Idempotency-Key header is for a new release; a fetch by release_id is free"
+        )
+    try:
+        key = merged_key(request.release.idempotency_key, header_key)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+    keyed = request.release.model_copy(update={"idempotency_key": key})
+    return request.model_copy(update={"release": keyed})
 
 
 def _with_key(request: ReceivedLabelsCreate) -> ReceivedLabelsCreate:
@@ -287,7 +303,8 @@ def receive(
     finally:
         tmp.unlink(missing_ok=True)
 
-    row = ReceivedLabelsRepository(session).add(
+    row = _record_naming_release(
+        session,
         ReceivedLabels(
             id=uuid.uuid4().hex,
             feature_set_id=feature_set.id,
@@ -300,19 +317,23 @@ def receive(
             num_labels=manifest.num_labels,
             matched=matched,
             unmatched=unmatched,
-        )
+        ),
+        request,
     )
-    _commit_naming_release(session, manifest.id, request)
     return to_read(row)
 
 
-def _commit_naming_release(session: Session, release_id: str, request: ReceivedLabelsCreate
-                           ) -> None:  # fmt: skip
+def _record_naming_release(
+    session: Session, row: ReceivedLabels, request: ReceivedLabelsCreate
+) -> ReceivedLabels:
     """The one commit a service here makes: the row of a release the labels party
-    has charged for. A database that refuses it (full) must answer with the release
-    and the key to fetch it again at no cost, which the request's unit of work,
-    committing after the answer was built, could not."""
+    has charged for. A database that refuses it (full, or a value past a column's
+    size) must answer with the release and the key to fetch it again at no cost,
+    which the request's unit of work, committing after the answer was built, could
+    not."""
+    release_id = row.release_id
     try:
+        ReceivedLabelsRepository(session).add(row)
         session.commit()
     except DBAPIError as exc:
         session.rollback()
@@ -324,6 +345,7 @@ def _commit_naming_release(session: Session, release_id: str, request: ReceivedL
             )
         )
         raise _naming_release(error, release_id, request) from None
+    return row
 
 
 def get(session: Session, id_: str) -> ReceivedLabelsRead:

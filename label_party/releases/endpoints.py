@@ -11,7 +11,6 @@ from fastapi.responses import FileResponse, StreamingResponse
 
 from label_party import pagination
 from label_party.deps import (
-    IdempotencyKeyHeader,
     PrincipalDep,
     SessionDep,
     SettingsDep,
@@ -22,6 +21,7 @@ from label_party.exception_handlers import responses
 from label_party.releases import service
 from label_party.storage import release_path
 from shared.protocol import PARQUET_MEDIA_TYPE, ReleaseCreate, ReleaseRead
+from shared.spending import IdempotencyKeyHeader
 
 router = APIRouter(tags=["releases"])
 

@@ -91,3 +91,26 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     assert proc.returncode != 0
     time.sleep(0.5)
     assert not any(_listening(p) for p in ports)
+
+
+def test_an_unwritable_output_is_refused_before_the_demo_runs() -> None:
+    """Before, the demo ran for a minute and a half, then died in a traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "labeldp", "demo", "--quick", "--output", "/proc/labeldp-demo"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "--output /proc/labeldp-demo: cannot write there" in proc.stderr
+    assert "Traceback" not in proc.stderr and "starting" not in proc.stdout
+
+
+def test_an_experiment_on_a_dataset_not_fetched_says_so_in_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "labeldp", "experiment", "--dataset", "fashion-mnist",
+         "--method", "rr", "--epsilon", "1"],
+        env={**os.environ, "LABELDP_DATASETS_DIR": str(tmp_path / "empty")},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("labeldp: error:") and "fetch-datasets" in proc.stderr

@@ -95,6 +95,11 @@ def test_unknown_ids_are_404(client: httpx.Client) -> None:
     assert r.status_code == 404
     r = client.post("/v1/jobs", headers=AUTH, json={"feature_set_id": "a", "labels_id": "b"})
     assert r.status_code == 404
+    # A NUL is no id: Postgres text cannot hold one (422 there, 404 on SQLite), never 500.
+    for path in ("/v1/jobs/a%00b", "/v1/feature-sets/a%00b", "/v1/multistage/a%00b"):
+        assert client.get(path, headers=AUTH).status_code in {404, 422}, path
+    r = client.post("/v1/jobs", headers=AUTH, json={"feature_set_id": "\u0000", "labels_id": "b"})
+    assert r.status_code in {404, 422}
 
 
 def test_feature_set_roles_inferred_and_declared(client: httpx.Client) -> None:
@@ -440,6 +445,31 @@ def test_hash_mismatch_is_refused(
     # The release exists (it was spent); fetching it again by id is refused too.
     r = receive(client, labels_party, fs["id"], release=None, release_id="rel-1")
     assert r.status_code == 502
+
+
+def test_the_idempotency_key_header_is_the_release_s_key(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    """The labels party takes the header as the key; so must the features party, or a
+    retry that sends only the header buys a second release."""
+    data = synthetic(30)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    fs = upload(client, data.features)
+    body = {"feature_set_id": fs["id"], "labels_party_url": labels_party.url, "token": TOKEN,
+            "dataset_id": labels_party.dataset_id,
+            "release": {"mechanism": {"name": "laplace"}, "epsilon": 1.0}}  # fmt: skip
+    keyed = {**AUTH, "Idempotency-Key": "retry-me-1"}
+    first = client.post("/v1/received-labels", headers=keyed, json=body)
+    again = client.post("/v1/received-labels", headers=keyed, json=body)
+    assert first.status_code == again.status_code == 201, again.text
+    assert first.json()["release_id"] == again.json()["release_id"]
+    assert labels_party.spent == 1.0 and "retry-me-1" in labels_party.by_key
+    other = {**body, "release": {**body["release"], "idempotency_key": "another"}}
+    r = client.post("/v1/received-labels", headers=keyed, json=other)
+    assert r.status_code == 422 and "differ" in r.json()["message"]
+    fetch = {**body, "release": None, "release_id": first.json()["release_id"]}
+    assert client.post("/v1/received-labels", headers=keyed, json=fetch).status_code == 422
+    assert labels_party.spent == 1.0
 
 
 def test_a_release_file_past_its_label_count_is_refused_not_stored(

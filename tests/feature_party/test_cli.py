@@ -45,6 +45,19 @@ def test_a_client_command_without_the_admin_token_says_which_token() -> None:
     assert "authenticates to the features party" in done.stderr
 
 
+def test_a_client_command_ignores_the_service_s_settings_and_never_prints_the_token() -> None:
+    """A worker-only setting out of range failed every client command with pydantic's
+    dump of all settings, the admin token's first characters included."""
+    env = {**os.environ, "LABELDP_ADMIN_TOKEN": ADMIN, "LABELDP_HEARTBEAT_SECONDS": "100"}
+    done = subprocess.run(
+        [sys.executable, "-m", "labeldp", "feature-party", "jobs", "get", "some-job",
+         "--url", "http://127.0.0.1:9"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "cannot reach http://127.0.0.1:9" in done.stderr
+    assert ADMIN[:8] not in done.stderr + done.stdout
+
+
 def test_multistage_options_are_checked_before_any_request(tmp_path: Path) -> None:
     env = {**os.environ, "LABELDP_ADMIN_TOKEN": ADMIN, "LABELDP_LABELS_PARTY_TOKEN": "t" * 32}
     base = [sys.executable, "-m", "labeldp", "feature-party", "multistage", "start",

@@ -23,9 +23,12 @@ def test_operator_commands(
 ) -> None:
     common = ["--url", server.url, "--token", ADMIN_TOKEN]
 
+    errors: list[str] = []
+
     def run(*argv: str) -> dict:
         assert main(["label-party", *argv, *common]) == 0
-        out = capsys.readouterr().out
+        out, err = capsys.readouterr()
+        errors.append(err)
         return json.loads(out) if out.lstrip().startswith("{") else {"out": out}
 
     ds = run(
@@ -43,6 +46,7 @@ def test_operator_commands(
     manifest = run(
         "release", ds, "--mechanism", "laplace", "--epsilon", "0.4", "--param", "clip=true"
     )
+    key = errors[-1].split("--idempotency-key ")[1].split()[0]
     assert manifest["epsilon"] == 0.4 and manifest["mechanism"]["params"]["clip"] is True
     out = tmp_path / "noisy.parquet"
     run("download", manifest["id"], "--output", str(out))
@@ -50,6 +54,11 @@ def test_operator_commands(
     nowhere = str(tmp_path / "missing" / "noisy.parquet")
     assert main(["label-party", "download", manifest["id"], "--output", nowhere, *common]) == 2
     assert "cannot write --output" in capsys.readouterr().err
+    # A command cut short may have spent: it named its key first, and a rerun with
+    # that key returns the release it made, paid once.
+    again = run("release", ds, "--mechanism", "laplace", "--epsilon", "0.4", "--param",
+                "clip=true", "--idempotency-key", key)  # fmt: skip
+    assert again["id"] == manifest["id"]
     assert run("budget", ds)["epsilon_remaining"] == 0.6
     # Clients and grants without curl; the audit log keeps who a client is for.
     client = run("create-client", "--name", "publisher-cli")

@@ -110,3 +110,26 @@ def test_unreadable_input_is_a_clear_error(
     assert "not JSON" in capsys.readouterr().err
     assert main(["mechanism", "preview", "--mechanism", "rr", "--epsilon", "1",
                  "--input", str(tmp_path / "missing.json")]) == 2  # fmt: skip
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """``labeldp … | head`` closed the pipe under a print: a BrokenPipeError traceback."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "labeldp", "mechanism", "preview", "--mechanism", "rr-on-bins",
+         "--epsilon", "1", "--input", str(EXAMPLE)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # long before the command, still importing, prints
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_a_url_that_is_not_one_is_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "labeldp", "label-party", "budget", "x", "--url", "http://[::1",
+         "--token", "t" * 24],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("labeldp: error: not a URL")

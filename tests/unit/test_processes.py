@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from labeldp.processes import ServiceProcess, ServiceStartError, free_port, running
+
 SCRIPT = """
 import sys, time
 from pathlib import Path
@@ -53,3 +57,33 @@ def test_sigterm_to_the_parent_stops_its_services(tmp_path: Path) -> None:
         parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_services_take_no_settings_from_the_environment_they_start_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's exported LABELDP_DATABASE_URL (say, production's) reached the demo's
+    services: both parties migrated that one database."""
+    exported = tmp_path / "production.sqlite3"
+    monkeypatch.setenv("LABELDP_DATABASE_URL", f"sqlite:///{exported}")
+    monkeypatch.setenv("LABELDP_LOG_LEVEL", "not-a-level")
+    port = free_port()
+    env = {"LABELDP_DATA_DIR": str(tmp_path / "data"),
+           "LABELDP_ADMIN_TOKEN": secrets.token_urlsafe(24)}  # fmt: skip
+    service = ServiceProcess("features party", ["feature-party", "serve", "--port", str(port)],
+                             env, tmp_path / "log", port=port)  # fmt: skip
+    with running(service):
+        pass
+    assert not exported.exists()
+    assert (tmp_path / "data" / "feature-party.db").exists()
+
+
+def test_a_service_that_cannot_start_is_explained_in_the_error(tmp_path: Path) -> None:
+    """The log named in the error was often in a temporary directory already gone."""
+    port = free_port()
+    env = {"LABELDP_DATA_DIR": str(tmp_path / "data"), "LABELDP_LOG_LEVEL": "verbose",
+           "LABELDP_ADMIN_TOKEN": secrets.token_urlsafe(24)}  # fmt: skip
+    service = ServiceProcess("features party", ["feature-party", "serve", "--port", str(port)],
+                             env, tmp_path / "log", port=port)  # fmt: skip
+    with pytest.raises(ServiceStartError, match="LABELDP_LOG_LEVEL"), running(service):
+        pass
