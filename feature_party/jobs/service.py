@@ -44,7 +44,19 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
     config = body.training()
     check_training(config, feature_set, matched)
     if config.init_model_id is not None:
-        ModelRepository(session).get(config.init_model_id)  # 404 for an unknown model
+        init = ModelRepository(session).get(config.init_model_id)  # 404 for an unknown model
+        if init.task != config.task:
+            raise InvalidInputError(
+                f"init_model_id {init.id} is a {init.task} model; this job's task is {config.task}",
+                detail={"init_model_task": init.task, "task": config.task},
+            )
+    outputs = labels.manifest.get("mechanism", {}).get("outputs") or []
+    if config.loss == "poisson" and config.task == "regression" and min(outputs, default=0) < 0:
+        # The worker refused the labels only after the job was queued.
+        raise InvalidInputError(
+            "the poisson loss needs non-negative labels; this release's labels go down to "
+            f"{min(outputs):g} (an unbiased release's may): use squared or absolute"
+        )
     released_task = labels.manifest.get("task")
     if released_task is not None and released_task != config.task:
         raise InvalidInputError(

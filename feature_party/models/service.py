@@ -152,6 +152,11 @@ _ROWS_NAMED = 20
 
 
 def _predict(predictor: Predictor, table: pa.Table) -> Predictions:
+    repeated = sorted({c for c in table.column_names if table.column_names.count(c) > 1})
+    if repeated:
+        raise InvalidInputError(
+            "the rows name a column more than once", detail={"repeated_columns": repeated}
+        )
     missing = predictor.preprocessing.missing_columns(table)
     if missing:
         raise InvalidInputError(

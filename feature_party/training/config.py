@@ -12,6 +12,10 @@ from feature_party.training.losses import CLASSIFICATION_LOSSES, LossName
 Device = Literal["auto", "cpu", "cuda"] | Annotated[StrictInt, Field(ge=1)]
 
 
+#: The most classes a classifier may have: its output layer stays within memory
+#: (a billion classes asked the worker for 768 GB).
+MAX_CLASSES = 100_000
+
 #: The widest hidden layer a job may ask for (two such layers: 2²⁸ weights, 1 GiB).
 MAX_WIDTH = 16_384
 
@@ -26,7 +30,10 @@ class TrainingConfig(BaseModel):
     task: Literal["regression", "classification"] = "regression"
     loss: LossName = "squared"
     num_classes: int | None = Field(
-        default=None, ge=2, description="default: the release's number of outputs"
+        default=None,
+        ge=2,
+        le=MAX_CLASSES,
+        description="default: the release's number of outputs",
     )
     epochs: int = Field(default=10, ge=1, le=10_000)
     batch_size: int = Field(default=8192, ge=1, le=1_000_000)

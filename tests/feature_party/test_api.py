@@ -360,6 +360,11 @@ def test_receive_train_predict(
     r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH,
                     files={"file": ("rows.parquet", parquet_bytes(listed))})  # fmt: skip
     assert r.status_code == 422 and "example_id" in r.json()["message"], r.text
+    header = ",".join([*data.features.column_names, "x0"])
+    repeated = f"{header}\n" + ",".join(["e1", *["1"] * (data.features.num_columns - 1), "5"])
+    r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH,
+                    files={"file": ("rows.csv", repeated.encode())})  # fmt: skip
+    assert r.status_code == 422 and r.json()["detail"] == {"repeated_columns": ["x0"]}, r.text
 
     artifact = client.get(f"/v1/models/{model_id}/artifact", headers=AUTH)
     assert artifact.status_code == 200
@@ -672,6 +677,38 @@ def test_a_job_of_the_other_task_than_the_release_is_422(
     r = client.post("/v1/jobs", headers=AUTH, json=job)
     assert r.status_code == 422 and r.json()["error"] == "task_mismatch"
     assert r.json()["detail"] == {"release_task": "classification", "task": "regression"}
+
+
+def test_what_the_worker_would_refuse_is_422_at_submit(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    """A Poisson loss on labels that go negative, a classifier started from a
+    regression model, a billion classes: each was queued, then failed by the worker."""
+    data = synthetic(40)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    labels_party.mechanism = {"name": "unbiased", "epsilon": 1.0, "params": {},
+                              "outputs": [-3.5, 1.0, 6.0]}  # fmt: skip
+    fs = upload(client, data.features)
+    ids = {
+        "feature_set_id": fs["id"],
+        "labels_id": receive(client, labels_party, fs["id"]).json()["id"],
+    }
+    r = client.post("/v1/jobs", headers=AUTH, json={**ids, "loss": "poisson"})
+    assert r.status_code == 422 and "non-negative labels" in r.json()["message"], r.text
+    job = client.post("/v1/jobs", headers=AUTH, json={**ids, "epochs": 1, "batch_size": 64})
+    database = Database(settings.resolved_database_url)
+    try:
+        Worker(database, settings, worker_id="w").run(once=True)
+    finally:
+        database.dispose()
+    model_id = client.get(f"/v1/jobs/{job.json()['id']}", headers=AUTH).json()["model_id"]
+    assert model_id is not None
+    classifier = {**_three_class_rr_release(client, labels_party), "task": "classification",
+                  "loss": "cross-entropy"}  # fmt: skip
+    r = client.post("/v1/jobs", headers=AUTH, json={**classifier, "init_model_id": model_id})
+    assert r.status_code == 422 and r.json()["detail"]["init_model_task"] == "regression"
+    r = client.post("/v1/jobs", headers=AUTH, json={**classifier, "num_classes": 3_000_000_000})
+    assert r.status_code == 422
 
 
 def test_what_the_labels_party_refuses_is_a_4xx(
