@@ -158,9 +158,9 @@ def database_unavailable(exc: BaseException) -> bool:
 def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSONResponse:
     """An exception no handler knows: 507 when storage refused a write (the errno,
     never a path or the text), 422 for a value the database cannot hold (its
-    ``DataError``), 503 when the database is not answering (a client
-    retries; nothing was changed, as the transaction rolled back), else 500 with a
-    fixed message; logged either way."""
+    ``DataError``), 503 when the database is not answering (a client retries,
+    with its idempotency key where it spends: a commit cut off may have landed),
+    else 500 with a fixed message; logged either way."""
     logger.error("unhandled error", exc_info=exc)
     problem = storage_problem(exc)
     if problem is not None:
