@@ -18,6 +18,7 @@ from typing import Any
 from feature_party.cli_client import (
     CommandError,
     add_jobs_submit,
+    add_list,
     add_models_predict,
     call,
     json_arg,
@@ -81,6 +82,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         p.set_defaults(handler=handlers[name])
 
     add_jobs_submit(jobs_sub)
+    add_list(
+        jobs_sub,
+        "/v1/jobs",
+        "job",
+        {"status": "only jobs in this status (queued, running, succeeded, failed, cancelled)",
+         "feature_set_id": "only this feature set's"},
+    )  # fmt: skip
     register_feature_sets(sub)
     register_labels(sub)
     _register_multistage(sub)
@@ -106,6 +114,7 @@ def _register_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     service_url(imp)
     imp.set_defaults(handler=run_models_import)
     add_models_predict(models_sub)
+    add_list(models_sub, "/v1/models", "model (trained here or imported)")
 
 
 def run_models_import(args: argparse.Namespace) -> int:
@@ -167,7 +176,9 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
         ("get", "print a run as JSON", "get"),
         ("watch", "follow a run until it ends", "watch"),
         ("resume", "resume an interrupted or failed run (token from the environment)", "resume"),
-    ):
+        ("cancel", "end a run for good, its stage's job too (what it spent stays spent)",
+         "cancel"),
+    ):  # fmt: skip
         p = ms_sub.add_parser(name, help=help_)
         p.add_argument("run_id", help="the run's id (`multistage start` prints it)")
         service_url(p)
@@ -179,6 +190,7 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
                 "stages not yet trained, e.g. when a stage failed for its device",
             )
         p.set_defaults(handler=run_multistage, multistage_action=handler)
+    add_list(ms_sub, "/v1/multistage", "LP-MST run")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -251,6 +263,8 @@ def progress_line(job: dict[str, Any], width: int = 30) -> str:
             eta = int(p["eta_seconds"])
             parts.append(f"ETA {eta // 60}:{eta % 60:02d}")
     parts.append(job["status"])
+    if job.get("stalled"):
+        parts.append("(stalled: its worker stopped; another takes it when one polls)")
     return "  ".join(parts)
 
 
@@ -271,8 +285,8 @@ def run_jobs_watch(args: argparse.Namespace) -> int:
         if job["status"] in {"succeeded", "failed", "cancelled"}:
             if tty:
                 print()
-            if job["status"] == "failed":
-                print(f"error: {job.get('error')}", file=sys.stderr)
+            if job["status"] != "succeeded":
+                print(f"{job['status']}: {job.get('error') or 'by request'}", file=sys.stderr)
             elif job.get("model_id"):
                 print(f"model {job['model_id']}")
             return 0 if job["status"] == "succeeded" else 1
@@ -315,8 +329,9 @@ def run_multistage_start(args: argparse.Namespace) -> int:
 
 def run_multistage(args: argparse.Namespace) -> int:
     path = f"/v1/multistage/{path_segment(args.run_id)}"
-    if args.multistage_action == "get":
-        print(json.dumps(call("GET", args.url, path), indent=2))
+    if args.multistage_action in ("get", "cancel"):
+        method = "GET" if args.multistage_action == "get" else "DELETE"
+        print(json.dumps(call(method, args.url, path), indent=2))
         return 0
     if args.multistage_action == "resume":
         body: dict[str, Any] = {"token": labels_party_token()}

@@ -25,6 +25,8 @@ from shared.tokens import admin_token_problem
 
 #: Long enough for a large upload or a release the labels party randomizes in-line.
 TIMEOUT_SECONDS = 600
+#: Rows a ``list`` command asks for at a time (the services' most).
+PAGE_SIZE = 1000
 
 
 class CommandError(Exception):
@@ -45,6 +47,43 @@ def admin_token() -> str:
     return token
 
 
+def _send(
+    method: str,
+    url: str,
+    path: str,
+    body: Any = None,
+    *,
+    files: dict[str, Any] | None = None,
+    data: dict[str, str] | None = None,
+    params: dict[str, Any] | None = None,
+) -> httpx.Response:
+    """One request to the features party; its error as a :class:`CommandError`."""
+    try:
+        response = httpx.request(
+            method,
+            f"{url.rstrip('/')}{path}",
+            json=body,
+            files=files,
+            data=data,
+            params=params,
+            headers={"Authorization": f"Bearer {admin_token()}"},
+            timeout=TIMEOUT_SECONDS,
+        )
+    except httpx.TransportError as exc:
+        raise CommandError(f"cannot reach {url}: {exc}") from None
+    try:
+        answer = response.json()
+    except ValueError:
+        raise CommandError(
+            f"{url}{path} answered {response.status_code} without JSON (is it the features party?)"
+        ) from None
+    if response.status_code >= 400:
+        # The detail names what to fix (a field, the rows at fault), as label-party shows it.
+        detail = f" {json.dumps(answer['detail'])}" if answer.get("detail") else ""
+        raise CommandError(f"{answer.get('error')}: {answer.get('message')}{detail}")
+    return response
+
+
 def call(
     method: str,
     url: str,
@@ -54,32 +93,54 @@ def call(
     files: dict[str, Any] | None = None,
     data: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One request to the features party; its error as a :class:`CommandError`."""
-    try:
-        response = httpx.request(
-            method,
-            f"{url.rstrip('/')}{path}",
-            json=body,
-            files=files,
-            data=data,
-            headers={"Authorization": f"Bearer {admin_token()}"},
-            timeout=TIMEOUT_SECONDS,
-        )
-    except httpx.TransportError as exc:
-        raise CommandError(f"cannot reach {url}: {exc}") from None
-    try:
-        answer: dict[str, Any] = response.json()
-    except ValueError:
-        raise CommandError(f"{url} answered {response.status_code} without JSON") from None
-    if response.status_code >= 400:
-        # The detail names what to fix (a field, the rows at fault), as label-party shows it.
-        detail = f" {json.dumps(answer['detail'])}" if answer.get("detail") else ""
-        raise CommandError(f"{answer.get('error')}: {answer.get('message')}{detail}")
+    """One request to the features party and its JSON object."""
+    answer: dict[str, Any] = _send(method, url, path, body, files=files, data=data).json()
     return answer
 
 
+def call_pages(url: str, path: str, params: dict[str, str] | None = None) -> list[Any]:
+    """Every row of a paginated list, following its ``Link: rel="next"`` headers."""
+    rows: list[Any] = []
+    response = _send("GET", url, path, params={**(params or {}), "limit": PAGE_SIZE})
+    while True:
+        rows += response.json()
+        following = response.links.get("next", {}).get("url")
+        if not following:
+            return rows
+        # Its path and query only: behind a proxy the server may see another host.
+        response = _send("GET", url, httpx.URL(following).raw_path.decode("ascii"))
+
+
+def add_list(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser],
+    path: str,
+    what: str,
+    filters: dict[str, str] | None = None,
+) -> argparse.ArgumentParser:
+    """A ``list`` action: every row of ``path`` as one JSON array, oldest first;
+    ``filters`` maps each query parameter it may narrow by to its help."""
+    p = actions.add_parser("list", help=f"print every {what} as JSON, oldest first")
+    for name, help_ in (filters or {}).items():
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, help=help_)
+    service_url(p)
+
+    def run(args: argparse.Namespace) -> int:
+        given = {name: getattr(args, name) for name in filters or {}}
+        rows = call_pages(args.url, path, {k: v for k, v in given.items() if v is not None})
+        print(json.dumps(rows, indent=2))
+        return 0
+
+    p.set_defaults(handler=run)
+    return p
+
+
 def service_url(p: argparse.ArgumentParser) -> None:
-    """``--url``, the features party's, as every client command takes it."""
+    """``--url``, the features party's, as every client command takes it; its help
+    says where the admin token comes from."""
+    p.epilog = (p.epilog + " " if p.epilog else "") + (
+        "Authenticates to the features party with its admin token, read from "
+        "$LABELDP_ADMIN_TOKEN (never from the command line)."
+    )
     p.add_argument(
         "--url",
         default=os.environ.get("LABELDP_FEATURE_PARTY_URL", "http://127.0.0.1:8002"),
@@ -150,6 +211,7 @@ def register_feature_sets(sub: argparse._SubParsersAction[argparse.ArgumentParse
             call("GET", a.url, f"/v1/feature-sets/{path_segment(a.feature_set_id)}")
         )
     )
+    add_list(fs_sub, "/v1/feature-sets", "feature set")
 
 
 def run_feature_sets_upload(args: argparse.Namespace) -> int:
@@ -201,6 +263,13 @@ def register_labels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             call("GET", a.url, f"/v1/received-labels/{path_segment(a.labels_id)}")
         )
     )
+    add_list(
+        labels_sub,
+        "/v1/received-labels",
+        "received release",
+        {"feature_set_id": "only those joined to this feature set", "dataset_id": "only this "
+         "labels-party dataset's"},
+    )  # fmt: skip
 
 
 def receive_body(args: argparse.Namespace) -> dict[str, Any]:

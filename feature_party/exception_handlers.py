@@ -10,9 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from feature_party.errors import FeaturePartyError
 from shared.errors import (
-    error_response,
+    ServiceError,
     http_error_response,
     validation_error_response,
 )
@@ -30,9 +29,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def install(app: FastAPI) -> None:
-    @app.exception_handler(FeaturePartyError)
-    async def _domain(_: Request, exc: FeaturePartyError) -> JSONResponse:
-        return error_response(exc.status_code, exc.code, exc.message, exc.detail)
+    @app.exception_handler(ServiceError)  # FeaturePartyError and shared ones
+    async def _domain(_: Request, exc: ServiceError) -> JSONResponse:
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.preview_slots = threading.BoundedSemaphore(settings.max_concurrent_previews)
     exception_handlers.install(app)
     app.add_middleware(
         BodyLimitMiddleware,

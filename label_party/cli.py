@@ -286,6 +286,13 @@ def _register_client_commands(
         "trainings spend δ)",
     )  # fmt: skip
     p.set_defaults(handler=_create_dataset)
+    p = add("list-datasets", "print the datasets you may see (a client: its granted ones) as JSON")
+    p.set_defaults(handler=lambda a: _print(_request(a, "GET", "/v1/datasets")))
+    p = add("list-releases", "print a dataset's releases (yours, or all for the admin) as JSON")
+    p.add_argument("dataset", help="the dataset's id")
+    p.set_defaults(
+        handler=lambda a: _print_rows(_all_pages(a, f"/v1/datasets/{a.dataset}/releases"))
+    )
     p = add("upload", "upload a dataset's labels (.csv, .parquet, .jsonl)")
     p.add_argument("dataset", help="the dataset's id")
     p.add_argument(
@@ -340,7 +347,9 @@ def _register_client_commands(
     p.set_defaults(handler=_revoke_client)
     p = add("download", "download a release's noisy labels")
     p.add_argument("release", help="the release's id")
-    p.add_argument("--output", type=Path, required=True, help="the file to write")
+    p.add_argument(
+        "--output", type=Path, required=True, help="the file to write (-: standard output)"
+    )
     p.add_argument(
         "--format", choices=["parquet", "json"], default="parquet", help="(default: parquet)"
     )
@@ -379,7 +388,10 @@ def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) ->
             if body.get("detail"):
                 message += f" {json.dumps(body['detail'])}"
         except (ValueError, KeyError, TypeError):
-            message = f"HTTP {response.status_code}"
+            message = (
+                f"{response.request.url} answered {response.status_code} without the labels "
+                "party's error body (is --url the labels party?)"
+            )
         raise CommandError(message)
     return response
 
@@ -438,15 +450,22 @@ def _download(args: argparse.Namespace) -> int:
         args, "GET", f"/v1/releases/{args.release}/labels", params={"format": args.format}
     )
     _write_output(args.output, response.content)
-    print(f"wrote {len(response.content)} bytes to {args.output}")
     return 0
 
 
-def _write_output(path: Path, content: bytes) -> None:
+def _write_output(path: Path, content: bytes, note: str = "") -> None:
+    """Write ``content`` to ``path`` (``-``: standard output), and say so on stderr,
+    where it never mixes with the bytes."""
     try:
-        path.write_bytes(content)
+        if str(path) == "-":
+            sys.stdout.buffer.write(content)
+            sys.stdout.flush()
+        else:
+            path.write_bytes(content)
     except OSError as exc:
         raise CommandError(f"cannot write --output {path}: {exc.strerror}") from None
+    where = "standard output" if str(path) == "-" else str(path)
+    print(f"wrote {len(content)} bytes to {where}{note}", file=sys.stderr)
 
 
 def _create_client(args: argparse.Namespace) -> int:
@@ -551,7 +570,8 @@ def _register_training_commands(
     p.add_argument("training", help="the training's id")
     p.add_argument(
         "--output", type=Path, required=True,
-        help="the file to write the model to (its SHA-256 is checked first)",
+        help="the file to write the model to (its SHA-256 is checked first; -: standard "
+        "output)",
     )  # fmt: skip
     p.set_defaults(handler=_training_download)
 
@@ -608,7 +628,11 @@ def _training_get(args: argparse.Namespace) -> int:
 
 
 def _training_list(args: argparse.Namespace) -> int:
-    print(json.dumps(_all_pages(args, f"/v1/datasets/{args.dataset}/trainings"), indent=2))
+    return _print_rows(_all_pages(args, f"/v1/datasets/{args.dataset}/trainings"))
+
+
+def _print_rows(rows: list[Any]) -> int:
+    print(json.dumps(rows, indent=2))
     return 0
 
 
@@ -687,6 +711,5 @@ def _training_download(args: argparse.Namespace) -> int:
     sha = hashlib.sha256(response.content).hexdigest()
     if sha != response.headers.get("X-Content-SHA256"):
         raise CommandError("the downloaded model does not match its SHA-256")
-    _write_output(args.output, response.content)
-    print(f"wrote {len(response.content)} bytes to {args.output} (sha256 {sha})")
+    _write_output(args.output, response.content, f" (sha256 {sha})")
     return 0

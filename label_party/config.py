@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     release_bytes_per_label: int = Field(default=32, gt=0)
     #: Largest label grid a regression domain may declare.
     max_grid_size: int = Field(default=10_001, gt=1)
+    #: Mechanism previews fitted at once (any token may ask for one, and a fit at
+    #: the largest grid takes about a GB and seconds): 429 beyond.
+    max_concurrent_previews: int = Field(default=2, ge=1)
     log_level: LogLevel = "INFO"
     #: LabelDP-Pro trainings (``labeldp label-party worker``): the torch device
     #: (``auto``: CUDA when the worker has it), how often an idle worker polls,

@@ -14,9 +14,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from label_party.exceptions import LabelPartyError
 from label_party.mechanisms.base import MechanismError
 from shared.errors import (
+    ServiceError,
     error_response,
     http_error_response,
     validation_error_response,
@@ -28,8 +28,8 @@ ERROR_LOGGER = "label_party.errors"
 
 
 def _domain(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, LabelPartyError)
-    return error_response(exc.status_code, exc.code, exc.message, exc.detail)
+    assert isinstance(exc, ServiceError)
+    return exc.response()
 
 
 def _mechanism(_request: Request, exc: Exception) -> JSONResponse:
@@ -47,7 +47,7 @@ def _http(_request: Request, exc: Exception) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(LabelPartyError, _domain)
+    app.add_exception_handler(ServiceError, _domain)  # LabelPartyError and shared ones
     app.add_exception_handler(MechanismError, _mechanism)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
@@ -62,6 +62,7 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "State conflict (budget exceeded, labels frozen, idempotency key reused)",
         413: "Upload larger than the configured limit",
         422: "Invalid request",
+        429: "busy: as much of this work as the service takes at once is running; see Retry-After",
         507: "The data directory has no room or cannot be written (nothing spent)",
     }
     return {s: {"model": ErrorBody, "description": descriptions[s]} for s in statuses}

@@ -79,6 +79,14 @@ class StorageUnavailableError(LabelPartyError):
     code = "storage_unavailable"
 
 
+class BusyError(LabelPartyError):
+    """As many of some bounded work as the service takes at once is running."""
+
+    status_code = 429
+    code = "busy"
+    retry_after = 5
+
+
 class InvalidRequestError(LabelPartyError):
     status_code = 422
     code = "invalid_request"

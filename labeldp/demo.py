@@ -34,6 +34,7 @@ from labeldp.harness import (
     Endpoints,
     Publisher,
     add_service_options,
+    check_answering,
     endpoints_from,
     local_services,
     noisy_label_mse,
@@ -270,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
             endpoints = endpoints_from(args.labels_party, args.labels_token,
                                        args.features_party, args.features_token)  # fmt: skip
             if endpoints is not None:
+                check_answering(endpoints)
                 result = play(endpoints, plan, workdir, say=say)
             else:
                 with local_services(workdir, say=say) as endpoints:

@@ -64,6 +64,7 @@ from labeldp.harness import (
     RunError,
     add_service_options,
     align,
+    check_answering,
     endpoints_from,
     local_services,
     non_private_predictions,
@@ -661,7 +662,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = commands.add_parser(
         "experiment",
         help="run one dataset × method × ε over seeds through both services; report MSEs",
-        description=(__doc__ or "").replace("``", ""),  # plain text, not RST
+        description=_plain_text(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--dataset", metavar="NAME",
@@ -773,10 +774,19 @@ def setup_from(args: argparse.Namespace) -> Setup:
                  groups=args.groups)  # fmt: skip
 
 
+def _plain_text(rst: str) -> str:
+    """The module's reStructuredText as ``--help`` shows it: no markup."""
+    for markup, plain in (("``", ""), ("**", ""), ("::\n", ":\n")):
+        rst = rst.replace(markup, plain)
+    return rst
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         endpoints = endpoints_from(args.labels_party, args.labels_token,
                                    args.features_party, args.features_token)  # fmt: skip
+        if endpoints is not None:
+            check_answering(endpoints)
     except RunError as exc:
         raise ValueError(str(exc)) from None
     setup = setup_from(args)

@@ -75,6 +75,26 @@ def endpoints_from(
     return None
 
 
+def check_answering(endpoints: Endpoints) -> None:
+    """Both running parties answer and take their tokens — checked before a run
+    creates anything at either (a dataset made, then the other party found down)."""
+    parties = (
+        ("labels party", endpoints.labels_url, endpoints.labels_admin_token, "/v1/datasets"),
+        ("features party", endpoints.features_url, endpoints.features_token,
+         "/v1/feature-sets?limit=1"),
+    )  # fmt: skip
+    for name, url, token, path in parties:
+        try:
+            answer = httpx.get(
+                url.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"}, timeout=30
+            )
+        except httpx.HTTPError as exc:
+            raise RunError(f"the {name} at {url} does not answer: {exc}") from None
+        if answer.status_code != 200:
+            why = "its token was refused" if answer.status_code in (401, 403) else answer.text[:200]
+            raise RunError(f"the {name} at {url} answered {answer.status_code}: {why}")
+
+
 @contextmanager
 def local_services(
     workdir: Path,

@@ -37,6 +37,8 @@ class ServiceError(Exception):
 
     status_code: int = 500
     code: str = "internal_error"
+    #: Seconds the answer's ``Retry-After`` asks a client to wait, if it should retry.
+    retry_after: int | None = None
 
     def __init__(self, message: str, detail: Any = None, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -44,6 +46,13 @@ class ServiceError(Exception):
         self.detail = detail
         if code is not None:
             self.code = code
+
+    def response(self) -> JSONResponse:
+        """This error as its ``ErrorBody`` answer."""
+        answer = error_response(self.status_code, self.code, self.message, self.detail)
+        if self.retry_after is not None:
+            answer.headers["Retry-After"] = str(self.retry_after)
+        return answer
 
 
 def error_response(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -92,8 +93,13 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+#: How often an idle worker sweeps what killed processes left (``housekeep``).
+HOUSEKEEPING_SECONDS = 3600.0
+
+
 class PollingWorker(ABC):
-    """Claim → run → repeat. Subclasses say how to claim an item and run one."""
+    """Claim → run → repeat. Subclasses say how to claim an item and run one, and
+    may sweep up after killed processes when idle (:meth:`housekeep`)."""
 
     def __init__(self, *, worker_id: str | None, poll_seconds: float) -> None:
         self.worker_id = worker_id or default_worker_id()
@@ -111,10 +117,13 @@ class PollingWorker(ABC):
     def run(self, *, once: bool = False) -> int:
         """Work until shut down (with ``once``: until the queue is empty); returns
         the number of items run."""
-        ran = 0
+        ran, next_housekeeping = 0, 0.0
         while not self.shutdown.is_set():
             item_id = self.claim()
             if item_id is None:
+                if time.monotonic() >= next_housekeeping:
+                    self._housekeep()
+                    next_housekeeping = time.monotonic() + HOUSEKEEPING_SECONDS
                 if once:
                     break
                 self.shutdown.wait(self.poll_seconds)
@@ -128,6 +137,16 @@ class PollingWorker(ABC):
                 self.shutdown.wait(self.poll_seconds)
             ran += 1
         return ran
+
+    def _housekeep(self) -> None:
+        try:
+            self.housekeep()
+        except Exception:  # a sweep must never stop the worker: the next one tries again
+            log.exception("housekeeping failed")
+
+    def housekeep(self) -> None:  # noqa: B027 - an optional hook, not an abstract one
+        """Remove what killed processes left behind (by default nothing): run when
+        the worker is idle, at most every ``HOUSEKEEPING_SECONDS``."""
 
     @abstractmethod
     def claim(self) -> str | None:

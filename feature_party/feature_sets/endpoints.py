@@ -11,11 +11,18 @@ from feature_party.exception_handlers import ERROR_RESPONSES
 from feature_party.feature_sets import service
 from feature_party.feature_sets.schemas import FeatureSetRead
 from feature_party.uploads import spooled
+from shared.pagination import PAGED, PagerDep
+from shared.protocol import ErrorBody
 
 router = APIRouter(prefix="/v1/feature-sets", tags=["feature sets"], responses=ERROR_RESPONSES)
 
 
-@router.post("", status_code=201, response_model=FeatureSetRead)
+@router.post(
+    "",
+    status_code=201,
+    response_model=FeatureSetRead,
+    responses={413: {"model": ErrorBody, "description": "larger than LABELDP_MAX_UPLOAD_BYTES"}},
+)
 def create_feature_set(
     session: SessionDep,
     settings: SettingsDep,
@@ -32,6 +39,11 @@ def create_feature_set(
         return service.create(
             session, settings, upload=path, filename=file.filename, schema=declared, name=name
         )
+
+
+@router.get("", response_model=list[FeatureSetRead], summary="Feature sets", description=PAGED)
+def list_feature_sets(session: SessionDep, pager: PagerDep) -> list[FeatureSetRead]:
+    return service.list_page(session, pager)
 
 
 @router.get("/{feature_set_id}", response_model=FeatureSetRead)

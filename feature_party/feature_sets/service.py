@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
@@ -17,6 +18,7 @@ from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.feature_sets.schemas import ColumnInfo, FeatureSetRead, SchemaDeclaration
 from feature_party.orm import FeatureSet
 from feature_party.training.data import ColumnRoles
+from shared.pagination import Pager
 
 
 def parse_schema(text: str | None) -> SchemaDeclaration | None:
@@ -69,6 +71,10 @@ def create(
 
 def get(session: Session, id_: str) -> FeatureSetRead:
     return to_read(FeatureSetRepository(session).get(id_))
+
+
+def list_page(session: Session, pager: Pager) -> list[FeatureSetRead]:
+    return [to_read(row) for row in pager.rows(session, select(FeatureSet), FeatureSet)]
 
 
 def to_read(row: FeatureSet) -> FeatureSetRead:

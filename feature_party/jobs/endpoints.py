@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 
 from feature_party.deps import SessionDep, SettingsDep
 from feature_party.exception_handlers import ERROR_RESPONSES
 from feature_party.jobs import service
 from feature_party.jobs.schemas import JobAccepted, JobCreate, JobRead
+from feature_party.jobs.status import Status
+from shared.pagination import PAGED, PagerDep
 from shared.protocol import ErrorBody
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
@@ -17,6 +21,16 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 def submit_job(session: SessionDep, settings: SettingsDep, body: JobCreate) -> JobAccepted:
     """Queue a training job; a worker (``labeldp feature-party worker``) runs it."""
     return service.submit(session, settings, body)
+
+
+@router.get("", response_model=list[JobRead], summary="Training jobs", description=PAGED)
+def list_jobs(
+    session: SessionDep,
+    pager: PagerDep,
+    status: Annotated[Status | None, Query(description="only jobs in this status")] = None,
+    feature_set_id: Annotated[str | None, Query(description="only this feature set's")] = None,
+) -> list[JobRead]:
+    return service.list_page(session, pager, status=status, feature_set_id=feature_set_id)
 
 
 @router.get("/{job_id}", response_model=JobRead)

@@ -12,16 +12,19 @@ from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
 from feature_party.errors import ConflictError, InvalidInputError, no_join
+from feature_party.feature_sets import service as feature_sets
 from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.schemas import JobAccepted, JobCreate, JobRead
 from feature_party.jobs.status import Status
 from feature_party.models.repository import ModelRepository
-from feature_party.orm import FeatureSet, Job
+from feature_party.orm import FeatureSet, Job, Model, ReceivedLabels
 from feature_party.received_labels.repository import ReceivedLabelsRepository
+from feature_party.training.artifact import init_model_problem
 from feature_party.training.config import TrainingConfig
 from feature_party.training.dataset import count_join
 from feature_party.training.losses import debiasing_problem
+from shared.pagination import Pager
 
 
 def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted:
@@ -43,13 +46,6 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
         )
     config = body.training()
     check_training(config, feature_set, matched)
-    if config.init_model_id is not None:
-        init = ModelRepository(session).get(config.init_model_id)  # 404 for an unknown model
-        if init.task != config.task:
-            raise InvalidInputError(
-                f"init_model_id {init.id} is a {init.task} model; this job's task is {config.task}",
-                detail={"init_model_task": init.task, "task": config.task},
-            )
     outputs = labels.manifest.get("mechanism", {}).get("outputs") or []
     if config.loss == "poisson" and config.task == "regression" and min(outputs, default=0) < 0:
         # The worker refused the labels only after the job was queued.
@@ -77,6 +73,8 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
                 f"num_classes {config.num_classes} is below the release's {len(classes)} classes",
                 detail={"num_classes": config.num_classes, "release_classes": len(classes)},
             )
+    if config.init_model_id is not None:
+        _check_init_model(session, settings, config, feature_set, labels)
     job = JobRepository(session).add(
         Job(
             id=uuid.uuid4().hex,
@@ -88,6 +86,39 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
         )
     )
     return JobAccepted(id=job.id, status=Status(job.status))
+
+
+def _check_init_model(
+    session: Session,
+    settings: Settings,
+    config: TrainingConfig,
+    feature_set: FeatureSet,
+    labels: ReceivedLabels,
+) -> None:
+    """The init model must have the job's task, columns, architecture and outputs
+    (422; 404 for an unknown model)."""
+    assert config.init_model_id is not None
+    model = ModelRepository(session).get(config.init_model_id)
+    if model.task != config.task:
+        raise InvalidInputError(
+            f"init_model_id {model.id} is a {model.task} model; this job's task is {config.task}",
+            detail={"init_model_task": model.task, "task": config.task},
+        )
+    outputs = 1
+    if config.task == "classification":
+        mechanism = labels.manifest.get("mechanism", {})
+        classes = mechanism.get("outputs") or mechanism.get("inputs") or []
+        outputs = config.num_classes or len(classes)
+    found = init_model_problem(
+        settings.data_dir / model.path, config, feature_sets.roles_of(feature_set), outputs
+    )
+    if found is not None:
+        problem, detail = found
+        raise InvalidInputError(
+            f"init_model_id {model.id} cannot start this job: {problem}",
+            code="init_model_mismatch",
+            detail=detail,
+        )
 
 
 def check_training(config: TrainingConfig, feature_set: FeatureSet, num_examples: int) -> None:
@@ -107,6 +138,17 @@ def check_training(config: TrainingConfig, feature_set: FeatureSet, num_examples
 
 def get(session: Session, job_id: str) -> JobRead:
     return to_read(session, JobRepository(session).get(job_id))
+
+
+def list_page(
+    session: Session, pager: Pager, *, status: Status | None, feature_set_id: str | None
+) -> list[JobRead]:
+    query = select(Job)
+    if status is not None:
+        query = query.where(Job.status == status)
+    if feature_set_id is not None:
+        query = query.where(Job.feature_set_id == feature_set_id)
+    return [to_read(session, job) for job in pager.rows(session, query, Job)]
 
 
 def cancel(session: Session, job_id: str) -> JobRead:
@@ -145,16 +187,22 @@ def to_read(session: Session, job: Job) -> JobRead:
 def sweep_finished(session: Session, data_dir: Path) -> int:
     """Delete what jobs that never run again (final) left behind: checkpoints,
     partial writes and multi-GPU run files, which a worker that died, or left a job
-    to its lease when the disk was full and saw it cancelled, could not. Their
-    models stay. Run at start-up; returns the number of paths removed."""
+    to its lease when the disk was full and saw it cancelled, could not; and model
+    files no model row names (a worker killed between writing its model and
+    recording it). Registered models stay. Run at start-up and by idle workers;
+    returns the number of paths removed."""
     jobs_dir = data_dir / "jobs"
     if not jobs_dir.is_dir():
         return 0
     final = [s.value for s in Status if s.is_final]
     finished = set(session.scalars(select(Job.id).where(Job.status.in_(final))))
+    registered = set(session.scalars(select(Model.path).where(Model.job_id.is_not(None))))
     removed = 0
     for job_dir in (d for d in jobs_dir.iterdir() if d.name in finished):
-        for path in [job_dir / "checkpoint.pt", *job_dir.glob(".*.partial")]:
+        orphans = [
+            p for p in job_dir.glob("model-*.pt") if str(p.relative_to(data_dir)) not in registered
+        ]
+        for path in [job_dir / "checkpoint.pt", *job_dir.glob(".*.partial"), *orphans]:
             if path.is_file():
                 path.unlink(missing_ok=True)
                 removed += 1

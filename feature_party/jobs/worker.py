@@ -32,10 +32,12 @@ from sqlalchemy.exc import DBAPIError
 from feature_party.config import Settings
 from feature_party.db import Database
 from feature_party.jobs.repository import JobRepository
+from feature_party.jobs.service import sweep_finished
 from feature_party.orm import FeatureSet, Model, ReceivedLabels
 from feature_party.training import distributed
 from feature_party.training.loop import Interrupted, Progress, resolve_device
 from feature_party.training.runner import RunSpec, execute
+from feature_party.uploads import sweep_stale
 from shared.errors import disk_full
 from shared.logging import exception_fields
 from shared.worker_loop import PollingWorker, left_to_retry
@@ -64,6 +66,17 @@ class Worker(PollingWorker):
 
     def run_item(self, item_id: str) -> None:
         self.run_job(item_id)
+
+    def housekeep(self) -> None:
+        """The sweeps the service makes at start, for a service that runs for months:
+        upload and download parts over an hour old, and what ended jobs left."""
+        removed = sweep_stale(self.settings.data_dir / "tmp")
+        with self.db.session() as session:
+            removed += sweep_finished(session, self.settings.data_dir)
+        if removed:
+            log.info(
+                "housekeeping: removed %d files left by ended jobs or killed requests", removed
+            )
 
     def claim(self) -> str | None:
         try:

@@ -19,6 +19,8 @@ from feature_party.models import service
 from feature_party.models.schemas import ModelImport, ModelRead, Predictions, PredictRows
 from feature_party.uploads import spooled
 from shared.limits import is_multipart
+from shared.pagination import PAGED, PagerDep
+from shared.protocol import ErrorBody
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=ERROR_RESPONSES)
 
@@ -46,7 +48,16 @@ def _predict_upload(
         return service.predict_file(session, settings, model_id, path, upload.filename)
 
 
-@router.post("/import", response_model=ModelRead, status_code=201)
+@router.post(
+    "/import",
+    response_model=ModelRead,
+    status_code=201,
+    responses={
+        409: {"model": ErrorBody, "description": "training_not_ready: it has not succeeded"},
+        502: {"model": ErrorBody, "description": "labels party unreachable or failing, or "
+              "invalid_model: the model does not load"},
+    },
+)  # fmt: skip
 def import_model(
     session: SessionDep, settings: SettingsDep, body: ModelImport, response: Response
 ) -> ModelRead:
@@ -58,6 +69,16 @@ def import_model(
     if not created:
         response.status_code = 200
     return model
+
+
+@router.get(
+    "",
+    response_model=list[ModelRead],
+    summary="Models: trained here and imported",
+    description=PAGED,
+)
+def list_models(session: SessionDep, pager: PagerDep) -> list[ModelRead]:
+    return service.list_page(session, pager)
 
 
 @router.get("/{model_id}", response_model=ModelRead)

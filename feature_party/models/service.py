@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
@@ -24,11 +25,16 @@ from feature_party.orm import Model
 from feature_party.received_labels.service import UPSTREAM_ERRORS, make_client, upstream_error
 from feature_party.training.artifact import NonFinitePredictionError, Predictor, load_artifact
 from shared.columns import ColumnTypeError, as_keys
+from shared.pagination import Pager
 
 
 def get(session: Session, model_id: str) -> ModelRead:
     row = ModelRepository(session).get(model_id)
     return to_read(row)
+
+
+def list_page(session: Session, pager: Pager) -> list[ModelRead]:
+    return [to_read(row) for row in pager.rows(session, select(Model), Model)]
 
 
 def to_read(row: Model) -> ModelRead:

@@ -69,8 +69,8 @@ class _Stopped(Exception):  # noqa: N818 - control flow: the service is stopping
     pass
 
 
-class _Superseded(Exception):  # noqa: N818 - control flow: another driver took the run
-    pass
+class _Superseded(Exception):  # noqa: N818 - control flow: the run is not ours any more
+    """Another driver took the run (resumed elsewhere), or it was cancelled."""
 
 
 @dataclass
@@ -96,7 +96,7 @@ class Driver:
         try:
             self._run()
         except _Superseded:
-            log.warning("multistage run %s: resumed by another driver; this one stops", self.run_id)
+            log.warning("multistage run %s: cancelled or resumed elsewhere; stopping", self.run_id)
         except _Stopped:
             self._finish(RunStatus.INTERRUPTED, "the service stopped; resume with the token")
         except Exception as exc:
@@ -373,9 +373,12 @@ class Driver:
                 run.finished_at = run.updated_at
 
     def _own(self, session: Session, *, take_over: bool = False) -> MultistageRun:
-        """The run's row, locked; :class:`_Superseded` if another driver owns it."""
+        """The run's row, locked; :class:`_Superseded` if another driver owns it or
+        it was cancelled."""
         run = session.get(MultistageRun, self.run_id, with_for_update=True)
         assert run is not None
+        if run.status == RunStatus.CANCELLED:
+            raise _Superseded
         if not take_over and run.state.get("driver") not in (None, self.launch):
             raise _Superseded
         return run
@@ -393,7 +396,7 @@ class Driver:
                 if status == RunStatus.FAILED:
                     run.finished_at = run.updated_at
         except _Superseded:
-            log.warning("multistage run %s: resumed by another driver meanwhile", self.run_id)
+            log.warning("multistage run %s: cancelled or resumed elsewhere", self.run_id)
 
     def _check_stop(self) -> None:
         if self.stop.is_set():

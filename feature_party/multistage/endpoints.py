@@ -8,6 +8,7 @@ from feature_party.deps import SessionDep
 from feature_party.exception_handlers import ERROR_RESPONSES
 from feature_party.multistage import service
 from feature_party.multistage.schemas import MultistageCreate, MultistageRead, MultistageResume
+from shared.pagination import PAGED, PagerDep
 from shared.protocol import ErrorBody
 
 router = APIRouter(prefix="/v1/multistage", tags=["multistage"], responses=ERROR_RESPONSES)
@@ -32,14 +33,31 @@ def start_run(request: Request, body: MultistageCreate) -> MultistageRead:
         return service.get(session, run.id, active=True)
 
 
-@router.get("", response_model=list[MultistageRead])
-def list_runs(request: Request, session: SessionDep) -> list[MultistageRead]:
-    return service.list_runs(session, _drivers(request))
+@router.get("", response_model=list[MultistageRead], summary="LP-MST runs", description=PAGED)
+def list_runs(request: Request, session: SessionDep, pager: PagerDep) -> list[MultistageRead]:
+    return service.list_page(session, pager, _drivers(request))
 
 
 @router.get("/{run_id}", response_model=MultistageRead)
 def get_run(request: Request, session: SessionDep, run_id: str) -> MultistageRead:
     return service.get(session, run_id, active=_drivers(request).is_active(run_id))
+
+
+@router.delete(
+    "/{run_id}",
+    response_model=MultistageRead,
+    responses={409: {"model": ErrorBody, "description": "run_finished: it succeeded or was "
+                     "cancelled already"}},
+)  # fmt: skip
+def cancel_run(request: Request, run_id: str) -> MultistageRead:
+    """Cancel a run for good (it cannot resume): its current stage's job is
+    cancelled and its driver stops at its next step. What it spent stays spent."""
+    drivers = _drivers(request)
+    with drivers.database.session() as session:
+        service.cancel(session, run_id)
+    drivers.wake(run_id)
+    with drivers.database.session() as session:
+        return service.get(session, run_id, active=False)
 
 
 @router.post(

@@ -20,12 +20,15 @@ TWO_STAGE_SPLIT = (0.4, 0.6)
 class RunStatus(StrEnum):
     """``running`` → ``succeeded`` | ``failed``; ``interrupted`` when the service
     stopped mid-run (the token lived only in its memory): ``POST
-    /v1/multistage/{id}/resume`` with the token continues where it stopped."""
+    /v1/multistage/{id}/resume`` with the token continues where it stopped.
+    ``DELETE /v1/multistage/{id}`` ends any but a succeeded run as ``cancelled``,
+    for good."""
 
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
 
 
 def _classifier_defaults(cls: type, value: object) -> object:

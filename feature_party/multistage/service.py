@@ -28,6 +28,7 @@ from feature_party.multistage.schemas import (
     StageRead,
 )
 from feature_party.orm import MultistageRun, utcnow
+from shared.pagination import Pager
 
 #: A running run whose driver has not written for this long lost its service
 #: (killed without a clean stop): it reads as interrupted and may be resumed.
@@ -56,6 +57,14 @@ class Drivers:
             thread = threading.Thread(target=driver, name=f"lpmst-{run_id[:8]}", daemon=True)
             self._threads[run_id] = (thread, stop, driver.launch)
             thread.start()
+
+    def wake(self, run_id: str) -> None:
+        """Stop this service's driver of ``run_id``, if it has one, at its next step
+        (a cancelled run's: it finds the run no longer its own and writes nothing)."""
+        with self._lock:
+            current = self._threads.get(run_id)
+        if current is not None:
+            current[1].set()
 
     def is_active(self, run_id: str) -> bool:
         with self._lock:
@@ -183,6 +192,28 @@ def prepare_resume(
     return run
 
 
+def cancel(session: Session, run_id: str) -> MultistageRun:
+    """End a run for good: ``cancelled``, its stage's queued or running job
+    cancelled. Its driver, on whichever service runs it, stops at its next write
+    (a step in flight finishes first: what it spent stays spent, like all ε)."""
+    run = session.get(MultistageRun, run_id, with_for_update=True)
+    if run is None:
+        raise not_found("multistage run", run_id)
+    if run.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED):
+        raise ConflictError(
+            f"run {run_id} is already {run.status}",
+            code="run_finished",
+            detail={"status": run.status},
+        )
+    repository = JobRepository(session)
+    for stage in run.state.get("stages", []):
+        if stage.get("job_id") is not None and stage.get("model_id") is None:
+            repository.cancel(stage["job_id"])  # False when it had ended: nothing to do
+    run.status, run.error = RunStatus.CANCELLED, "cancelled by request"
+    run.updated_at = run.finished_at = utcnow()
+    return run
+
+
 def _retrain_ended_jobs(session: Session, state: dict[str, Any]) -> dict[str, Any]:
     stages = []
     for stage in state.get("stages", []):
@@ -200,8 +231,8 @@ def get(session: Session, run_id: str, *, active: bool) -> MultistageRead:
     return to_read(session, _get(session, run_id), active=active)
 
 
-def list_runs(session: Session, drivers: Drivers) -> list[MultistageRead]:
-    rows = session.scalars(select(MultistageRun).order_by(MultistageRun.created_at.desc()))
+def list_page(session: Session, pager: Pager, drivers: Drivers) -> list[MultistageRead]:
+    rows = pager.rows(session, select(MultistageRun), MultistageRun)
     return [to_read(session, r, active=drivers.is_active(r.id)) for r in rows]
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 
 from feature_party.deps import SessionDep, SettingsDep
 from feature_party.exception_handlers import ERROR_RESPONSES
 from feature_party.received_labels import service
 from feature_party.received_labels.schemas import ReceivedLabelsCreate, ReceivedLabelsRead
+from shared.pagination import PAGED, PagerDep
 from shared.protocol import ErrorBody
 from shared.spending import IdempotencyKeyHeader
 
@@ -49,6 +52,18 @@ def receive_labels(
     if idempotency_key is not None:
         body = service.with_header_key(body, idempotency_key)
     return service.receive(session, settings, body)
+
+
+@router.get(
+    "", response_model=list[ReceivedLabelsRead], summary="Received releases", description=PAGED
+)
+def list_received_labels(
+    session: SessionDep,
+    pager: PagerDep,
+    feature_set_id: Annotated[str | None, Query(description="only those joined to it")] = None,
+    dataset_id: Annotated[str | None, Query(description="only this labels-party dataset's")] = None,
+) -> list[ReceivedLabelsRead]:
+    return service.list_page(session, pager, feature_set_id=feature_set_id, dataset_id=dataset_id)
 
 
 @router.get("/{labels_id}", response_model=ReceivedLabelsRead)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -44,6 +45,7 @@ from feature_party.received_labels.repository import ReceivedLabelsRepository
 from feature_party.received_labels.schemas import ReceivedLabelsCreate, ReceivedLabelsRead
 from feature_party.training.dataset import count_join
 from shared.errors import storage_problem
+from shared.pagination import Pager
 from shared.protocol import ReleaseRead
 from shared.spending import merged_key
 
@@ -350,6 +352,17 @@ def _record_naming_release(
 
 def get(session: Session, id_: str) -> ReceivedLabelsRead:
     return to_read(ReceivedLabelsRepository(session).get(id_))
+
+
+def list_page(
+    session: Session, pager: Pager, *, feature_set_id: str | None, dataset_id: str | None
+) -> list[ReceivedLabelsRead]:
+    query = select(ReceivedLabels)
+    if feature_set_id is not None:
+        query = query.where(ReceivedLabels.feature_set_id == feature_set_id)
+    if dataset_id is not None:
+        query = query.where(ReceivedLabels.dataset_id == dataset_id)
+    return [to_read(row) for row in pager.rows(session, query, ReceivedLabels)]
 
 
 def to_read(row: ReceivedLabels) -> ReceivedLabelsRead:

@@ -17,7 +17,8 @@ import pyarrow as pa
 import torch
 
 from feature_party.training.config import TrainingConfig
-from feature_party.training.data import Preprocessing
+from feature_party.training.data import ColumnRoles, Preprocessing
+from feature_party.training.loop import model_config
 from feature_party.training.losses import Loss, LossName, make_loss
 from shared.artifact import ARTIFACT_FORMAT, model_artifact, save_artifact_file
 from shared.torch_models import ImageCNN, TabularMLP, build_model, model_config_from_dict
@@ -131,3 +132,30 @@ def load_artifact(path: Path) -> Predictor:
         loss=make_loss(loss_name, num_classes=num_classes),
         task=blob["task"],
     )
+
+
+def init_model_problem(
+    path: Path, config: TrainingConfig, roles: ColumnRoles, outputs: int
+) -> tuple[str, dict[str, Any]] | None:
+    """Why the model at ``path`` cannot start a job of ``config`` on feature columns
+    ``roles`` with ``outputs`` outputs, and what differs; None if it can. The
+    worker's ``load_state_dict`` finds the same, but only once the job is queued."""
+    try:
+        # mmap: the check reads the header, not a possibly large set of weights.
+        blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        trained = Preprocessing.from_dict(blob["preprocessing"])
+        have = model_config_from_dict(blob["model"]).to_dict()
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        return f"its artifact cannot be read: {type(exc).__name__}", {}
+    if trained.roles != roles:
+        detail = {"model_columns": trained.roles.to_dict(), "feature_set_columns": roles.to_dict()}
+        return "it was trained on other feature columns than this feature set's", detail
+    want = model_config(trained, config, outputs).to_dict()
+    differ = {
+        key: {"model": have.get(key), "job": want.get(key)}
+        for key in sorted((set(have) | set(want)) - {"dropout"})
+        if have.get(key) != want.get(key)
+    }
+    if differ:
+        return f"its shape differs from this job's in {', '.join(differ)}", differ
+    return None

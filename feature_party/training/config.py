@@ -18,6 +18,9 @@ MAX_CLASSES = 100_000
 
 #: The widest hidden layer a job may ask for (two such layers: 2²⁸ weights, 1 GiB).
 MAX_WIDTH = 16_384
+#: The most weights between hidden layers (2²⁸: 1 GiB of float32, 4 with the
+#: optimizer's state and gradients); sixteen layers of the widest would be 16 GiB.
+MAX_HIDDEN_WEIGHTS = 2**28
 
 
 class TrainingConfig(BaseModel):
@@ -99,6 +102,12 @@ class TrainingConfig(BaseModel):
             raise ValueError("image_shape: channels, height and width must be positive")
         if any(not 1 <= h <= MAX_WIDTH for h in self.hidden):
             raise ValueError(f"hidden layer widths must be between 1 and {MAX_WIDTH}")
+        weights = sum(a * b for a, b in zip(self.hidden, self.hidden[1:], strict=False))
+        if weights > MAX_HIDDEN_WEIGHTS:
+            raise ValueError(
+                f"hidden layers {self.hidden} hold {weights:,} weights between them; at most "
+                f"{MAX_HIDDEN_WEIGHTS:,} (fewer or narrower layers)"
+            )
         return self
 
     def input_problem(self, numeric: int, categorical: int) -> str | None:

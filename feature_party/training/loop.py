@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from feature_party.training.config import TrainingConfig
-from feature_party.training.data import Tensors
+from feature_party.training.data import Preprocessing, Tensors
 from feature_party.training.dataset import TrainingData
 from feature_party.training.losses import Loss
 from feature_party.training.optim import build_optimizers
@@ -107,31 +107,33 @@ def resolve_device(config: TrainingConfig, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def _image_model(data: TrainingData, config: TrainingConfig) -> ImageCNN:
-    pre = data.preprocessing
-    channels, height, width = config.image_shape
-    problem = config.input_problem(len(pre.numeric), len(pre.categorical))
-    if problem:
-        raise ValueError(problem)
-    return ImageCNN(
-        ImageCNNConfig(channels=channels, height=height, width=width, outputs=data.loss.outputs)
+def model_config(
+    pre: Preprocessing, config: TrainingConfig, outputs: int
+) -> TabularMLPConfig | ImageCNNConfig:
+    """The shape of the model a job trains: its columns and vocabularies (``pre``),
+    its configuration and its number of outputs."""
+    if config.architecture == "cnn":
+        channels, height, width = config.image_shape
+        return ImageCNNConfig(channels=channels, height=height, width=width, outputs=outputs)
+    return TabularMLPConfig(
+        num_numeric=len(pre.numeric),
+        vocab_sizes=pre.vocab_sizes,
+        embedding_dim=config.embedding_dim,
+        hidden=tuple(config.hidden),
+        outputs=outputs,
+        dropout=config.dropout,
     )
 
 
 def build_model(data: TrainingData, config: TrainingConfig) -> TabularMLP | ImageCNN:
-    if config.architecture == "cnn":
-        return _image_model(data, config)
     pre = data.preprocessing
-    model = TabularMLP(
-        TabularMLPConfig(
-            num_numeric=len(pre.numeric),
-            vocab_sizes=pre.vocab_sizes,
-            embedding_dim=config.embedding_dim,
-            hidden=tuple(config.hidden),
-            outputs=data.loss.outputs,
-            dropout=config.dropout,
-        )
-    )
+    shape = model_config(pre, config, data.loss.outputs)
+    if isinstance(shape, ImageCNNConfig):
+        problem = config.input_problem(len(pre.numeric), len(pre.categorical))
+        if problem:
+            raise ValueError(problem)
+        return ImageCNN(shape)
+    model = TabularMLP(shape)
     # Start the output at the noisy-label mean (log mean for Poisson): fewer epochs
     # spent learning an offset. Noisy labels are a DP release: post-processing.
     if not data.loss.classification and len(data.train_targets):

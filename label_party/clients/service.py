@@ -42,8 +42,8 @@ def revoke(session: Session, principal: Principal, client_id: str) -> Client:
 
 def grant(session: Session, principal: Principal, dataset: Dataset, client_id: str) -> Grant:
     client = session.get(Client, client_id)
-    if client is None or client.revoked_at is not None:
-        raise InvalidRequestError(f"client {client_id} does not exist or is revoked")
+    if client is None or client.revoked_at is not None:  # unknown things are 404 (§6)
+        raise NotFoundError(f"client {client_id} does not exist or is revoked")
     if client.role != "client":
         raise InvalidRequestError("only clients (not auditors) receive dataset grants")
     if repository.grant(session, dataset.id, client_id) is not None:

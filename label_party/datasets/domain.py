@@ -37,6 +37,8 @@ class RegressionDomain(BaseModel):
             raise ValueError("give either step or grid_size, not both")
         if self.step is not None:
             count = (self.max - self.min) / self.step
+            if not count <= 100_000:  # also an infinite count: a step of 1e-320
+                raise ValueError("(max − min) / step must be at most 100,000 steps")
             if abs(count - round(count)) > 1e-9 * max(1.0, count):
                 raise ValueError("(max − min) must be a whole number of steps")
         return self

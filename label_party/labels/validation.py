@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
-import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from label_party.datasets.domain import ClassificationDomain, RegressionDomain
 from label_party.exceptions import InvalidLabelsError, InvalidRequestError, PayloadTooLargeError
 from shared.columns import ColumnTypeError, as_keys
+from shared.jsonl import TooDeepError, read_json_lines
 from shared.parquet import ParquetTooLargeError, read_parquet_bounded
 
 FileFormat = Literal["csv", "parquet", "jsonl"]
@@ -82,13 +82,15 @@ def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = CO
             )
             _require_columns(table.column_names, columns)
         else:
-            table = pjson.read_json(source)
+            table = read_json_lines(source)
             if table.num_rows == 0:  # an empty file, not one that lacks columns
                 raise InvalidLabelsError("the file has no rows", [])
             _require_columns(table.column_names, columns)
             table = table.select(list(columns))
     except InvalidLabelsError:
         raise
+    except TooDeepError as exc:
+        raise InvalidLabelsError(str(exc), []) from None
     except ParquetTooLargeError as exc:
         raise PayloadTooLargeError(str(exc), {"limit": exc.limit}) from None
     except (pa.ArrowException, OSError):
@@ -163,6 +165,7 @@ def _jsonl_as_text(source: IO[bytes], columns: tuple[str, ...]) -> pa.Table:
     if record == 0:
         raise InvalidLabelsError("the file has no rows", []) from None
     _require_columns(list(seen), columns)
+    _check_untexted_ids(values[columns[0]], columns[0])
     try:
         arrays = {
             c: pa.array(v) if nested.get(c) else pa.array([_text(x) for x in v], pa.string())
@@ -173,6 +176,19 @@ def _jsonl_as_text(source: IO[bytes], columns: tuple[str, ...]) -> pa.Table:
             f"the file could not be read as jsonl with columns {', '.join(columns)}", []
         ) from None
     return pa.table(arrays)
+
+
+def _check_untexted_ids(ids: list[object], name: str) -> None:
+    """An id column without text is typed as Arrow would type it, so booleans or
+    floats are refused here too (kept as JSON text only beside text ids)."""
+    if any(isinstance(i, str) for i in ids):
+        return
+    try:
+        as_keys(pa.array(ids), name)
+    except ColumnTypeError as exc:
+        raise InvalidLabelsError(str(exc), []) from None
+    except (pa.ArrowException, TypeError, ValueError):  # integers beside booleans, say
+        raise InvalidLabelsError(f"{name} must be text or integers", []) from None
 
 
 def _require_columns(names: list[str], columns: tuple[str, ...]) -> None:

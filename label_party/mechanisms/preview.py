@@ -70,6 +70,14 @@ def preview(
     if isinstance(fitted, FiniteMechanism) and fitted.matrix.size <= PREVIEW_MAX_MATRIX_ENTRIES:
         outputs, matrix = fitted.outputs.tolist(), fitted.matrix.tolist()
     described = fitted.describe()
+    try:
+        loss_value = fitted.noisy_label_loss(v, p, loss_name)
+        max_abs_bias = float(np.max(np.abs(fitted.bias(v))))
+    except (OverflowError, FloatingPointError) as exc:
+        raise MechanismError(
+            f"{mechanism}'s loss or bias overflows on these values ({type(exc).__name__}): "
+            "narrow their range"
+        ) from None
     return {
         "mechanism": mechanism,
         "selected": described["name"],
@@ -78,7 +86,7 @@ def preview(
         "loss": chosen,
         "outputs": outputs,
         "matrix": matrix,
-        "noisy_label_loss": fitted.noisy_label_loss(v, p, loss_name),
-        "max_abs_bias": float(np.max(np.abs(fitted.bias(v)))),
+        "noisy_label_loss": loss_value,
+        "max_abs_bias": max_abs_bias,
         "seconds": seconds,
     }

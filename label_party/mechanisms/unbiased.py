@@ -162,7 +162,8 @@ def dbrr_outputs(values: FloatArray, *, epsilon: float) -> FloatArray:
     if v.size == 1:
         return v.copy()  # Φ(y) = y; avoid the rounding of (e^ε − 1)·y / (e^ε − 1)
     em1 = math.expm1(eps)
-    phi: FloatArray = ((em1 + v.size) * v - v.sum()) / em1
+    with np.errstate(over="ignore", invalid="ignore"):  # a domain too wide: callers check
+        phi: FloatArray = ((em1 + v.size) * v - v.sum()) / em1
     return phi
 
 
@@ -185,6 +186,14 @@ def debiased_rr(values: FloatArray, *, epsilon: float) -> FiniteMechanism:
             f"debiased-rr builds a dense {k}×{k} matrix: at most {DEBIASED_RR_MAX_VALUES} "
             "values; use a coarser grid, rr-on-bins or unbiased"
         )
+    outputs = dbrr_outputs(v, epsilon=eps)
+    if not np.isfinite(outputs).all():
+        # Known from the values alone, so the preflight makes it a free 422 (it
+        # released ±inf, which no file or manifest can carry).
+        raise MechanismError(
+            "debiased-rr's outputs overflow on this domain (they reach beyond ±1.8e308): "
+            "narrow it, or use rr-on-bins or unbiased"
+        )
     e = math.exp(eps)
     matrix = np.full((k, k), 1.0 / (e + k - 1))
     np.fill_diagonal(matrix, e / (e + k - 1))
@@ -192,7 +201,7 @@ def debiased_rr(values: FloatArray, *, epsilon: float) -> FiniteMechanism:
         name="debiased-rr",
         epsilon=eps,
         inputs=v.copy(),
-        outputs=dbrr_outputs(v, epsilon=eps),
+        outputs=outputs,
         matrix=matrix,
         params={},
     )

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import threading
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from label_party.deps import PrincipalDep
+from label_party.deps import PrincipalDep, SettingsDep
 from label_party.exception_handlers import responses
+from label_party.exceptions import BusyError, InvalidRequestError
 from label_party.mechanisms.preview import preview
 
 router = APIRouter(tags=["mechanisms"])
@@ -44,18 +46,38 @@ class PreviewRead(BaseModel):
 @router.post(
     "/v1/mechanisms/preview",
     response_model=PreviewRead,
-    responses=responses(401, 422),
+    responses=responses(401, 422, 429),
     summary="Fit a mechanism to a given prior: outputs, matrix, loss, bias (any role)",
+    description="At most as many values as a dataset's grid may have "
+    "(`LABELDP_MAX_GRID_SIZE`); `LABELDP_MAX_CONCURRENT_PREVIEWS` fits at once, "
+    "429 `busy` (with `Retry-After`) beyond.",
 )
-def preview_mechanism(body: PreviewRequest, principal: PrincipalDep) -> PreviewRead:
+def preview_mechanism(
+    request: Request, body: PreviewRequest, principal: PrincipalDep, settings: SettingsDep
+) -> PreviewRead:
     del principal  # any authenticated caller; no data is involved
-    result = preview(
-        mechanism=body.mechanism,
-        epsilon=body.epsilon,
-        values=body.values,
-        prior=body.prior,
-        loss=body.loss,
-        mesh=body.mesh,
-        params=body.params,
-    )
+    if len(body.values) > settings.max_grid_size:
+        raise InvalidRequestError(
+            f"at most {settings.max_grid_size} values (LABELDP_MAX_GRID_SIZE, the largest "
+            f"grid a dataset may declare), got {len(body.values)}",
+        )
+    slots: threading.BoundedSemaphore = request.app.state.preview_slots
+    # A fit runs on after its client leaves: bounding them bounds the memory and CPU
+    # that any token, an auditor's included, can take.
+    if not slots.acquire(blocking=False):
+        raise BusyError(
+            f"{settings.max_concurrent_previews} previews are being fitted; retry shortly"
+        )
+    try:
+        result = preview(
+            mechanism=body.mechanism,
+            epsilon=body.epsilon,
+            values=body.values,
+            prior=body.prior,
+            loss=body.loss,
+            mesh=body.mesh,
+            params=body.params,
+        )
+    finally:
+        slots.release()
     return PreviewRead.model_validate(result)

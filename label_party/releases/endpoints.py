@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
 
-from label_party import pagination
 from label_party.deps import (
     PrincipalDep,
     SessionDep,
@@ -20,6 +19,7 @@ from label_party.deps import (
 from label_party.exception_handlers import responses
 from label_party.releases import service
 from label_party.storage import release_path
+from shared import pagination
 from shared.protocol import PARQUET_MEDIA_TYPE, ReleaseCreate, ReleaseRead
 from shared.spending import IdempotencyKeyHeader
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from label_party import pagination
 from label_party.models import LedgerEntry, Release, ReleaseFailure
+from shared import pagination
 
 
 def by_idempotency_key(session: Session, dataset_id: str, key: str) -> Release | None:
@@ -41,7 +41,7 @@ def list_for_dataset(
     session: Session, dataset_id: str, *, created_by: str | None, after: str | None, limit: int
 ) -> tuple[list[Release], bool]:
     """A page of the dataset's releases (``created_by``'s only, unless ``None``)
-    and whether another follows (:mod:`label_party.pagination`)."""
+    and whether another follows (:mod:`shared.pagination`)."""
     query = select(Release).where(Release.dataset_id == dataset_id)
     if created_by is not None:
         query = query.where(Release.created_by == created_by)

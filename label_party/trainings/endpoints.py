@@ -6,7 +6,6 @@ from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile
 
-from label_party import pagination
 from label_party.auth import require
 from label_party.deps import (
     PrincipalDep,
@@ -21,6 +20,7 @@ from label_party.labels.endpoints import multipart_body
 from label_party.labels.validation import file_format
 from label_party.trainings import service
 from label_party.trainings.schemas import TrainingRead
+from shared import pagination
 from shared.spending import IdempotencyKeyHeader
 
 #: A spec is a small JSON object; a larger "spec" part is a mistake, not a spec.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from label_party import pagination
 from label_party.models import Training, utcnow
+from shared import pagination
 from shared.lease_queue import LeaseQueue
 
 
@@ -36,7 +36,7 @@ def list_for_dataset(
     session: Session, dataset_id: str, *, created_by: str | None, after: str | None, limit: int
 ) -> tuple[list[Training], bool]:
     """A page of the dataset's trainings (``created_by``'s only, unless ``None``)
-    and whether another follows (:mod:`label_party.pagination`)."""
+    and whether another follows (:mod:`shared.pagination`)."""
     query = select(Training).where(Training.dataset_id == dataset_id)
     if created_by is not None:
         query = query.where(Training.created_by == created_by)

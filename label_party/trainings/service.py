@@ -41,7 +41,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
-import pyarrow.json as pjson
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
@@ -79,6 +78,7 @@ from label_party.trainings import repository
 from label_party.trainings.plan import InfeasiblePlanError, noise_plan
 from label_party.trainings.schemas import TrainingRead, TrainingSpec
 from shared.columns import ColumnTypeError, as_keys, as_numbers
+from shared.jsonl import TooDeepError, read_json_lines
 from shared.lease_queue import Status
 from shared.parquet import ParquetTooLargeError, publish_by_hash, read_parquet_bounded, temp_path
 
@@ -99,7 +99,9 @@ def _read_any(source: IO[bytes], fmt: FileFormat) -> pa.Table:
         if fmt == "csv":
             options = pcsv.ConvertOptions(column_types={"example_id": pa.string()})
             return pcsv.read_csv(source, convert_options=options)
-        return pjson.read_json(source)
+        return read_json_lines(source)
+    except TooDeepError as exc:
+        raise InvalidRequestError(f"the features file could not be read: {exc}") from None
     except ParquetTooLargeError as exc:
         raise PayloadTooLargeError(str(exc), {"limit": exc.limit}) from None
     except (pa.ArrowException, OSError):

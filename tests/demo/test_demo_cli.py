@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -13,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+
+from labeldp.processes import ServiceProcess, free_port, running
 
 
 def _listening(port: int) -> bool:
@@ -34,6 +38,36 @@ def test_unreachable_services_fail_with_one_line(tmp_path: Path) -> None:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("labeldp: error:")]
     assert len(errors) == 1, proc.stderr
     assert not (tmp_path / "report.md").exists()
+
+
+def test_a_party_down_or_refusing_its_token_is_found_before_anything_is_created(
+    tmp_path: Path,
+) -> None:
+    """The demo created a dataset at the labels party, then found the features party
+    down; both parties are now checked first."""
+    port, token = free_port(), secrets.token_urlsafe(24)
+    env = {"LABELDP_DATA_DIR": str(tmp_path / "lp"), "LABELDP_ADMIN_TOKEN": token}
+    labels = ServiceProcess("labels party", ["label-party", "serve", "--port", str(port)], env,
+                            tmp_path / "lp.log", port=port)  # fmt: skip
+
+    def demo(labels_token: str, features: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "labeldp", "demo", "--quick", "--output", str(tmp_path),
+             "--labels-party", labels.url, "--labels-token", labels_token,
+             "--features-party", features, "--features-token", "t" * 20],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    with running(labels):
+        down = demo(token, "http://127.0.0.1:9")
+        assert down.returncode == 1
+        assert "the features party at http://127.0.0.1:9 does not answer" in down.stderr
+        refused = demo("wrong-" + token, "http://127.0.0.1:9")
+        assert f"the labels party at {labels.url} answered 401: its token was refused" in (
+            refused.stderr
+        )
+        auth = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"{labels.url}/v1/datasets", headers=auth).json() == []
 
 
 def test_half_given_endpoints_are_refused(tmp_path: Path) -> None:

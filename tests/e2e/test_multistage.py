@@ -16,6 +16,7 @@ features and drives the multi-stage run (``POST /v1/multistage`` and
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -254,6 +255,43 @@ def test_resume_trains_a_failed_stage_again_without_paying_twice(services: Servi
     run = _wait(services, run_id)
     assert run["config"]["training"]["device"] == "cpu"
     assert _parts_spent(services, dataset_id) == {"lpmst-1": Decimal(1), "lpmst-2": Decimal(1)}
+
+
+def test_a_cancelled_run_stops_its_job_and_spends_no_further(services: Services) -> None:
+    dataset_id, token, feature_set_id = _setup(services, budget=1.0)
+    # Epochs enough that stage 1 is still training when it is cancelled.
+    body = {"feature_set_id": feature_set_id, "labels_party_url": services.labels_url,
+            "token": token, "dataset_id": dataset_id, "epsilon": 1.0, "seed": 3,
+            "training": {**TRAINING, "epochs": 5000, "batch_size": 8}}  # fmt: skip
+    run_id = ok(services.features.post("/v1/multistage", json=body), 202)["id"]
+    deadline = time.monotonic() + 120
+    while (stage := _stage_one(services, run_id)).get("job_status") != "running":
+        assert time.monotonic() < deadline, f"stage 1 never trained; logs in {services.logs}"
+        time.sleep(0.2)
+    env = {**os.environ, "LABELDP_ADMIN_TOKEN": services.features_token}
+    cancel = subprocess.run(
+        [sys.executable, "-m", "labeldp", "feature-party", "multistage", "cancel", run_id,
+         "--url", services.features_url],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cancel.returncode == 0, cancel.stderr
+    run = json.loads(cancel.stdout)
+    assert (run["status"], run["error"]) == ("cancelled", "cancelled by request")
+    job = ok(services.features.get(f"/v1/jobs/{stage['job_id']}"), 200)
+    assert job["status"] == "cancelled"
+    time.sleep(2)  # the driver's next poll: it finds the run cancelled and writes nothing
+    after = ok(services.features.get(f"/v1/multistage/{run_id}"), 200)
+    assert (after["status"], after["updated_at"]) == ("cancelled", run["updated_at"])
+    assert _parts_spent(services, dataset_id) == {"lpmst-1": Decimal(1), "lpmst-2": Decimal(0)}
+    again = services.features.delete(f"/v1/multistage/{run_id}")
+    assert again.status_code == 409 and again.json()["error"] == "run_finished"
+    resumed = services.features.post(f"/v1/multistage/{run_id}/resume", json={"token": token})
+    assert resumed.status_code == 409 and resumed.json()["error"] == "run_not_resumable"
+
+
+def _stage_one(services: Services, run_id: str) -> dict[str, Any]:
+    stages = ok(services.features.get(f"/v1/multistage/{run_id}"), 200)["stages"]
+    return dict(stages[0]) if stages else {}
 
 
 @pytest.mark.postgres

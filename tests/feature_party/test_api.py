@@ -709,6 +709,17 @@ def test_what_the_worker_would_refuse_is_422_at_submit(
     assert r.status_code == 422 and r.json()["detail"]["init_model_task"] == "regression"
     r = client.post("/v1/jobs", headers=AUTH, json={**classifier, "num_classes": 3_000_000_000})
     assert r.status_code == 422
+    # An init model must have the job's shape and columns (load_state_dict failed in the worker).
+    warm = {**ids, "epochs": 1, "init_model_id": model_id}
+    assert client.post("/v1/jobs", headers=AUTH, json=warm).status_code == 202
+    r = client.post("/v1/jobs", headers=AUTH, json={**warm, "hidden": [16]})
+    assert r.status_code == 422 and r.json()["error"] == "init_model_mismatch", r.text
+    assert r.json()["detail"] == {"hidden": {"model": [128, 64], "job": [16]}}
+    narrower = upload(client, data.features.drop_columns(["x3"]))
+    other = {"feature_set_id": narrower["id"], "labels_id": ids["labels_id"]}
+    r = client.post("/v1/jobs", headers=AUTH, json={**other, "init_model_id": model_id})
+    assert r.status_code == 422 and "other feature columns" in r.json()["message"], r.text
+    assert "x3" not in r.json()["detail"]["feature_set_columns"]["numeric"]
 
 
 def test_what_the_labels_party_refuses_is_a_4xx(
@@ -773,6 +784,9 @@ def test_the_cli_cancels_a_job(
     assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
     assert main(command) == 2  # already cancelled
     assert "job_finished" in capsys.readouterr().err
+    # watch ends at once, saying why on stderr (it exited 1 in silence).
+    assert main(["feature-party", "jobs", "watch", job["id"], "--url", str(client.base_url)]) == 1
+    assert capsys.readouterr().err.strip() == "cancelled: by request"
 
 
 def test_the_cli_drives_the_whole_publisher_flow(

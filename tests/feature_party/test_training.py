@@ -336,7 +336,8 @@ def test_a_job_that_could_only_fail_in_the_worker_is_refused_up_front() -> None:
     """A reviewer's jobs were accepted and failed in the worker: a weight decay of
     1e308, a seed past 64 bits, hidden layers of 2³¹ units (77 GB)."""
     for bad in ({"weight_decay": 1e308}, {"seed": 10**30}, {"seed": -1},
-                {"hidden": [2**31] * 16}):  # fmt: skip
+                {"hidden": [2**31] * 16}, {"hidden": [16_384] * 3}):  # fmt: skip
         with pytest.raises(ValueError):
             TrainingConfig(**bad)  # type: ignore[arg-type]
     assert TrainingConfig(seed=2**32 - 1, hidden=[16_384]).seed == 2**32 - 1
+    assert TrainingConfig(hidden=[16_384, 16_384]).hidden == [16_384, 16_384]  # 2²⁸: the most

@@ -3,6 +3,7 @@ failures recorded with their reason."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from feature_party.db import Database, migrate
 from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.status import Status
 from feature_party.jobs.worker import Worker
-from feature_party.orm import Job
+from feature_party.orm import Job, Model
 from tests.cuda import needs_cuda
 from tests.feature_party.conftest import add_jobs, make_settings, running_service, seed_inputs
 
@@ -130,7 +131,8 @@ def test_a_gpu_job_trains_on_the_gpu(
 def test_start_up_deletes_what_finished_jobs_left_behind(tmp_path: Path) -> None:
     """A worker that died, or left a job to its lease on a full disk before the job
     was cancelled, cannot delete its checkpoint: the next start does, for jobs that
-    never run again, and keeps their models and everything of a running job."""
+    never run again, with model files no model row names, and keeps registered
+    models and everything of a running job."""
     settings = make_settings(tmp_path)
     database = Database(settings.resolved_database_url)
     migrate(database.engine)
@@ -142,6 +144,8 @@ def test_start_up_deletes_what_finished_jobs_left_behind(tmp_path: Path) -> None
             job = session.get(Job, job_id)
             assert job is not None
             job.status = status
+        session.add(Model(id="m1", job_id=succeeded, path=f"jobs/{succeeded}/model-1.pt",
+                          task="regression", loss="squared", metrics={}))  # fmt: skip
     left: dict[str, list[Path]] = {}
     for job_id in (cancelled, succeeded, running):
         job_dir = settings.data_dir / "jobs" / job_id
@@ -155,6 +159,33 @@ def test_start_up_deletes_what_finished_jobs_left_behind(tmp_path: Path) -> None
         assert client.get("/healthz").status_code == 200
     for job_id in (cancelled, succeeded):
         checkpoint, partial, model = left[job_id]
-        assert not checkpoint.exists() and not partial.exists() and model.exists()
+        assert not checkpoint.exists() and not partial.exists()
+        assert model.exists() == (job_id == succeeded)  # the cancelled job's is no model's
         assert not (settings.data_dir / "jobs" / job_id / "run").exists()
     assert all(path.exists() for path in left[running])
+
+
+def test_an_idle_worker_sweeps_what_killed_processes_left(
+    env: tuple[Database, Settings, str, str],
+) -> None:
+    """A long-running service swept ``tmp/`` only when it started, and never a model
+    file whose job ended without recording it: an idle worker does both."""
+    database, settings, fs_id, labels_id = env
+    (job_id,) = add_jobs(database, fs_id, labels_id, 1, epochs=1, batch_size=64)
+    assert Worker(database, settings).run(once=True) == 1
+    job = job_row(database, job_id)
+    assert job.status == Status.SUCCEEDED and job.model_id is not None
+    job_dir = settings.data_dir / "jobs" / job_id
+    (registered,) = job_dir.glob("model-*.pt")
+    orphan = job_dir / "model-0123456789abcdef.pt"  # written by an attempt that was killed
+    orphan.write_bytes(registered.read_bytes())
+    tmp = settings.data_dir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    stale, young = tmp / "a.upload", tmp / "b.upload"
+    for path in (stale, young):
+        path.write_bytes(b"part")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(stale, (hours_ago, hours_ago))
+    assert Worker(database, settings).run(once=True) == 0  # idle: it sweeps
+    assert not orphan.exists() and not stale.exists()
+    assert registered.exists() and young.exists()

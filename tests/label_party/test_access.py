@@ -31,6 +31,8 @@ def test_role_endpoint_matrix(server: Server) -> None:
     victim_id, _ = create_client(admin, "client", "to-revoke")
     ds = create_dataset(admin, epsilon_budget=10)
     assert admin.post(f"/v1/datasets/{ds}/grants", json={"client_id": client_id}).status_code == 201
+    unknown = admin.post(f"/v1/datasets/{ds}/grants", json={"client_id": "nope"})
+    assert unknown.status_code == 404 and unknown.json()["error"] == "not_found"
     ids = [f"e{i}" for i in range(50)]
     assert upload_labels(admin, ds, ids, [1.0] * 50).status_code == 200
     clients = {

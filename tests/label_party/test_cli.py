@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ def test_operator_commands(
         assert main(["label-party", *argv, *common]) == 0
         out, err = capsys.readouterr()
         errors.append(err)
-        return json.loads(out) if out.lstrip().startswith("{") else {"out": out}
+        return json.loads(out) if out.lstrip().startswith(("{", "[")) else {"out": out}
 
     ds = run(
         "create-dataset",
@@ -50,7 +52,11 @@ def test_operator_commands(
     assert manifest["epsilon"] == 0.4 and manifest["mechanism"]["params"]["clip"] is True
     out = tmp_path / "noisy.parquet"
     run("download", manifest["id"], "--output", str(out))
-    assert out.stat().st_size > 0
+    assert out.stat().st_size > 0 and f"bytes to {out}" in errors[-1]
+    # "-" is standard output, which then carries the labels alone.
+    piped = run("download", manifest["id"], "--output", "-", "--format", "json")
+    assert piped["example_id"] == ["a", "b"] and "to standard output" in errors[-1]
+    assert not (Path.cwd() / "-").exists()
     nowhere = str(tmp_path / "missing" / "noisy.parquet")
     assert main(["label-party", "download", manifest["id"], "--output", nowhere, *common]) == 2
     assert "cannot write --output" in capsys.readouterr().err
@@ -59,6 +65,8 @@ def test_operator_commands(
     again = run("release", ds, "--mechanism", "laplace", "--epsilon", "0.4", "--param",
                 "clip=true", "--idempotency-key", key)  # fmt: skip
     assert again["id"] == manifest["id"]
+    assert [r["id"] for r in run("list-releases", ds)] == [manifest["id"]]
+    assert ds in [d["id"] for d in run("list-datasets")]
     assert run("budget", ds)["epsilon_remaining"] == 0.6
     # Clients and grants without curl; the audit log keeps who a client is for.
     client = run("create-client", "--name", "publisher-cli")
@@ -167,3 +175,19 @@ def test_a_token_beginning_with_a_dash_is_its_value(
         main(["label-party", "verify-audit", "--token", "--url", server.url])
     assert missing.value.code == 2
     assert "--token: expected one argument" in capsys.readouterr().err
+
+
+def test_a_url_that_is_not_the_labels_party_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 404 page from some other server names the URL it came from."""
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        try:
+            assert main(["label-party", "list-datasets", "--url", url, "--token", "t"]) == 2
+        finally:
+            other.shutdown()
+    err = capsys.readouterr().err
+    assert f"{url}/v1/datasets answered 404" in err and "is --url the labels party?" in err

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +351,46 @@ def test_a_domain_whose_noise_overflows_a_float_is_refused_free(server: Server) 
         r = release(admin, ds, 0.01, mechanism={"name": mechanism})
         assert r.status_code == 422 and "overflows" in r.json()["message"], r.text
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    # debiased-rr's outputs reached ±inf on a wide domain: charged, and released ±Infinity.
+    wide = create_dataset(admin, domain={"min": -1e307, "max": 1e307})  # 101 values
+    assert upload_labels(admin, wide, ["a", "b", "c"], [-1e307, 0.0, 1e307]).status_code == 200
+    r = release(admin, wide, 1, mechanism={"name": "debiased-rr"})
+    assert r.status_code == 422 and "overflow" in r.json()["message"], r.text
+    assert admin.get(f"/v1/datasets/{wide}/budget").json()["epsilon_spent"] == 0
+    # Two 500s: a step so small that its count overflows, a preview whose loss does.
+    tiny = {**body, "label_domain": {"min": 0, "max": 1, "step": 1e-320}}
+    r = admin.post("/v1/datasets", json=tiny)
+    assert r.status_code == 422 and "100,000 steps" in r.text, r.text
+    preview = {"mechanism": "exponential", "epsilon": 1, "values": [0, 1e300],
+               "prior": [0.5, 0.5]}  # fmt: skip
+    r = admin.post("/v1/mechanisms/preview", json=preview)
+    assert r.status_code == 422 and r.json()["error"] == "invalid_mechanism", r.text
+
+
+def test_previews_are_bounded_in_size_and_in_number_at_once(make_server: Any) -> None:
+    """Any token, an auditor's too, could fit rr-on-bins over 100,000 values, four at
+    a time: 18.7 GB. A preview takes at most a dataset's largest grid, and
+    LABELDP_MAX_CONCURRENT_PREVIEWS fits at once."""
+    server = make_server(LABELDP_MAX_CONCURRENT_PREVIEWS="1").start()
+    admin = server.client()
+    _, auditor_token = create_client(admin, role="auditor")
+    auditor = server.client(auditor_token)
+    k = 10_002
+    too_many = {"mechanism": "rr-on-bins", "epsilon": 1, "values": list(range(k)),
+                "prior": [1 / k] * k}  # fmt: skip
+    r = auditor.post("/v1/mechanisms/preview", json=too_many)
+    assert r.status_code == 422 and "at most 10001 values" in r.json()["message"], r.text
+    k = 10_001
+    largest = {**too_many, "values": list(range(k)), "prior": [1 / k] * k}
+    # Four at once, each fit taking seconds: one holds the only slot, others are told to wait.
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: auditor.post("/v1/mechanisms/preview", json=largest),
+                                range(4)))  # fmt: skip
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses[0] == 200 and statuses[-1] == 429 and set(statuses) == {200, 429}, statuses
+    busy = next(a for a in answers if a.status_code == 429)
+    assert busy.json()["error"] == "busy" and busy.headers["Retry-After"] == "5"
+    assert auditor.post("/v1/mechanisms/preview", json=largest).status_code == 200  # free again
 
 
 def test_metrics_still_count_when_the_ledger_cannot_be_read(tmp_path: Path) -> None:

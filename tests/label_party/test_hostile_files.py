@@ -86,3 +86,46 @@ def test_training_features_with_unusable_types(server: Server) -> None:
     wide = table.append_column("x9", pa.array([BIG] * len(ids), pa.uint64()))
     assert submit(_parquet(wide)).status_code in (201, 422)  # never a 500
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] <= 1
+
+
+def test_json_lines_nested_thousands_deep_are_refused_not_a_crash(make_server: Any) -> None:
+    """pyarrow's JSON reader segfaulted on 20–200 KB of ``[``: any client with an upload
+    killed the server and every request in flight. The server runs as a process of
+    its own here, so that a crash fails this test rather than the test run."""
+    server = make_server(subprocess=True).start()
+    admin = server.client()
+    ds = create_dataset(admin, task="classification", domain={"num_classes": 3})
+    assert upload_labels(admin, ds, ["a", "b"], [0, 1]).status_code == 200
+    deep = b'{"example_id": "a", "part": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    uploads = [
+        (f"/v1/datasets/{ds}/labels", {}, deep.replace(b'"part"', b'"label"')),
+        (f"/v1/datasets/{ds}/partitions", {}, deep),
+        (f"/v1/datasets/{ds}/priors", {"kind": "groups"}, deep.replace(b'"part"', b'"group"')),
+        (f"/v1/datasets/{ds}/trainings", {"spec": json.dumps({"epsilon": 1})},
+         deep.replace(b'"part"', b'"x"')),
+    ]  # fmt: skip
+    for path, data, body in uploads:
+        r = admin.post(path, files={"file": ("f.jsonl", body)}, data=data)
+        _refused(r, "deeper than 64")
+        assert admin.get("/healthz").status_code == 200, path
+    # Brackets inside strings are text: an id like "[[[…" is an id.
+    texty = b'{"example_id": "' + b"[" * 200 + b'", "label": 1}\n{"example_id": "b", "label": 2}\n'
+    assert _labels(admin, ds, "l.jsonl", texty).status_code == 200
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+
+
+def test_json_lines_ids_without_text_are_typed_like_arrow_types_them() -> None:
+    """Ids ``true``/``false`` were stored as "true"/"false" when another column sent
+    the file down the text path (a label ``"2"``); booleans are no ids."""
+    from label_party.exceptions import InvalidLabelsError
+    from label_party.labels.validation import read_table
+
+    data = b'{"example_id": true, "label": 1}\n{"example_id": false, "label": "2"}\n'
+    try:
+        read_table(io.BytesIO(data), "jsonl")
+    except InvalidLabelsError as exc:
+        assert exc.message == "example_id must be text or integers; the file's column is bool"
+    else:
+        raise AssertionError("boolean ids were accepted")
+    mixed = b'{"example_id": 1, "label": 1}\n{"example_id": "c", "label": "2"}\n'
+    assert read_table(io.BytesIO(mixed), "jsonl").column("example_id").to_pylist() == ["1", "c"]

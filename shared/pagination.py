@@ -1,4 +1,5 @@
-"""Keyset pagination of the release and training lists.
+"""Keyset pagination of both parties' lists (releases, trainings; feature sets,
+received labels, jobs, models, LP-MST runs).
 
 A page is ``limit`` rows in (created_at, id) order after the row ``after`` names;
 the response's ``Link: <…>; rel="next"`` header (RFC 8288) gives the next page's
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Query, Request, Response
+from fastapi import Depends, Query, Request, Response
 from sqlalchemy import Select, and_, or_
 from sqlalchemy.orm import Session
 
-from label_party.exceptions import InvalidRequestError
+from shared.errors import ServiceError
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -23,6 +24,15 @@ MAX_LIMIT = 1000
 Limit = Annotated[
     int, Query(ge=1, le=MAX_LIMIT, description="rows per page; the Link header has the next page")
 ]
+
+
+class UnknownCursorError(ServiceError):
+    """``after`` names no row of the list (each party renders every ServiceError)."""
+
+    status_code = 422
+    code = "invalid_request"
+
+
 After = Annotated[
     str | None,
     Query(max_length=36, description="the id of the previous page's last row (from its Link)"),
@@ -42,7 +52,7 @@ def page(
     if after is not None:
         cursor = session.scalars(query.where(table.id == after)).first()
         if cursor is None:
-            raise InvalidRequestError(f"after: {after!r} is not a row of this list")
+            raise UnknownCursorError(f"after: {after!r} is not a row of this list")
         query = query.where(
             or_(
                 table.created_at > cursor.created_at,
@@ -57,3 +67,34 @@ def link_next(request: Request, response: Response, last_id: str, limit: int) ->
     """Point ``response`` at the page after the row ``last_id``."""
     url = request.url.include_query_params(after=last_id, limit=limit)
     response.headers["Link"] = f'<{url}>; rel="next"'
+
+
+class Pager:
+    """A list request's page (``after``, ``limit`` from the query), as an endpoint
+    dependency: :meth:`rows` reads the page and sets the next page's ``Link``."""
+
+    def __init__(
+        self,
+        request: Request,
+        response: Response,
+        after: After = None,
+        limit: Limit = DEFAULT_LIMIT,
+    ) -> None:
+        self.request, self.response = request, response
+        self.after, self.limit = after, limit
+
+    def rows(self, session: Session, query: Select[Any], table: Any) -> list[Any]:
+        """The page of ``query``, rows of ``table`` oldest first."""
+        rows, more = page(session, query, table, after=self.after, limit=self.limit)
+        if more:
+            link_next(self.request, self.response, rows[-1].id, self.limit)
+        return rows
+
+
+PagerDep = Annotated[Pager, Depends()]
+
+#: An endpoint's description of its paging.
+PAGED = (
+    "Oldest first, at most `limit` a page; while more follow, the `Link` header's "
+    '`rel="next"` URL gives the next page.'
+)
