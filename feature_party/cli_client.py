@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from feature_party.client import path_segment
+from shared.pagination import every_row
 from shared.spending import command_key
 from shared.tokens import admin_token_problem
 
@@ -100,15 +101,8 @@ def call(
 
 def call_pages(url: str, path: str, params: dict[str, str] | None = None) -> list[Any]:
     """Every row of a paginated list, following its ``Link: rel="next"`` headers."""
-    rows: list[Any] = []
-    response = _send("GET", url, path, params={**(params or {}), "limit": PAGE_SIZE})
-    while True:
-        rows += response.json()
-        following = response.links.get("next", {}).get("url")
-        if not following:
-            return rows
-        # Its path and query only: behind a proxy the server may see another host.
-        response = _send("GET", url, httpx.URL(following).raw_path.decode("ascii"))
+    first = _send("GET", url, path, params={**(params or {}), "limit": PAGE_SIZE})
+    return every_row(first, lambda following: _send("GET", url, following))
 
 
 def add_list(

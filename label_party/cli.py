@@ -638,17 +638,10 @@ def _print_rows(rows: list[Any]) -> int:
 
 def _all_pages(args: argparse.Namespace, path: str) -> list[Any]:
     """Every row of a paginated list, following its ``Link: rel="next"`` headers."""
-    import httpx
+    from shared.pagination import every_row
 
-    rows: list[Any] = []
-    response = _request(args, "GET", path, params={"limit": 1000})
-    while True:
-        rows += response.json()
-        following = response.links.get("next", {}).get("url")
-        if not following:
-            return rows
-        # Its path and query only: behind a proxy the server may see another host.
-        response = _request(args, "GET", httpx.URL(following).raw_path.decode("ascii"))
+    first = _request(args, "GET", path, params={"limit": 1000})
+    return every_row(first, lambda following: _request(args, "GET", following))
 
 
 def _training_cancel(args: argparse.Namespace) -> int:

@@ -10,8 +10,10 @@ list the contract specifies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
+import httpx
 from fastapi import Depends, Query, Request, Response
 from sqlalchemy import Select, and_, or_
 from sqlalchemy.orm import Session
@@ -67,6 +69,21 @@ def link_next(request: Request, response: Response, last_id: str, limit: int) ->
     """Point ``response`` at the page after the row ``last_id``."""
     url = request.url.include_query_params(after=last_id, limit=limit)
     response.headers["Link"] = f'<{url}>; rel="next"'
+
+
+def every_row(first: httpx.Response, get: Callable[[str], httpx.Response]) -> list[Any]:
+    """A client's side: the rows of ``first`` and of every page after it, fetched
+    by ``get(path_and_query)`` along the ``Link: rel="next"`` headers. Only the
+    link's path and query are followed: behind a proxy the server may see another
+    host than the client's."""
+    rows: list[Any] = []
+    response = first
+    while True:
+        rows += response.json()
+        following = response.links.get("next", {}).get("url")
+        if not following:
+            return rows
+        response = get(httpx.URL(following).raw_path.decode("ascii"))
 
 
 class Pager:
