@@ -22,7 +22,7 @@ from feature_party.orm import FeatureSet, Job, Model, ReceivedLabels
 from feature_party.received_labels.repository import ReceivedLabelsRepository
 from feature_party.training.artifact import init_model_problem
 from feature_party.training.config import TrainingConfig
-from feature_party.training.dataset import count_join
+from feature_party.training.dataset import count_join, release_classes
 from feature_party.training.losses import debiasing_problem
 from shared.pagination import Pager
 
@@ -64,7 +64,7 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
         mechanism = labels.manifest.get("mechanism", {})
         if config.loss == "rr-debiased-cross-entropy" and (problem := debiasing_problem(mechanism)):
             raise InvalidInputError(problem)
-        classes = mechanism.get("outputs") or mechanism.get("inputs")
+        classes = release_classes(labels.manifest)
         if not (config.num_classes or classes):
             raise InvalidInputError("classification needs num_classes (the release does not say)")
         if config.num_classes and classes and len(classes) > config.num_classes:
@@ -106,9 +106,7 @@ def _check_init_model(
         )
     outputs = 1
     if config.task == "classification":
-        mechanism = labels.manifest.get("mechanism", {})
-        classes = mechanism.get("outputs") or mechanism.get("inputs") or []
-        outputs = config.num_classes or len(classes)
+        outputs = config.num_classes or len(release_classes(labels.manifest))
     found = init_model_problem(
         settings.data_dir / model.path, config, feature_sets.roles_of(feature_set), outputs
     )

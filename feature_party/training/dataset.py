@@ -45,6 +45,13 @@ def join_features_labels(features: pa.Table, labels: pa.Table) -> pa.Table:
     return joined.sort_by("example_id")
 
 
+def release_classes(manifest: dict[str, Any]) -> list[Any]:
+    """The classes a release's labels take: its mechanism's outputs, else its inputs
+    (empty when the release does not say)."""
+    mechanism = manifest.get("mechanism", {})
+    return list(mechanism.get("outputs") or mechanism.get("inputs") or [])
+
+
 def load_training_data(
     *,
     features_path: Path,
@@ -70,9 +77,7 @@ def load_training_data(
     mechanism = manifest.get("mechanism", {})
     num_classes: int | None = None
     if config.task == "classification":
-        num_classes = config.num_classes or len(
-            mechanism.get("outputs") or mechanism.get("inputs") or []
-        )
+        num_classes = config.num_classes or len(release_classes(manifest))
         if num_classes < 2:
             raise ValueError("classification needs num_classes (the release does not say)")
         if not (np.all(targets == np.round(targets)) and targets.min() >= 0) or (
