@@ -1,13 +1,14 @@
-"""How long other writes wait while the labels party takes a large labels upload.
+"""How long other writes wait while the labels party takes a large upload.
 
 On SQLite a writer holds the whole database's write lock; the upload used to take
 it before parsing the file, so every other write (a dataset, a grant, a release)
 waited for the parse. A real ``labeldp label-party serve`` process (SQLite, a
-temporary data directory) receives a CSV of N labels while this process creates a
-small dataset every 0.2 s and times each request.
+temporary data directory) receives a CSV of N rows (labels, a partition plan or
+example priors' groups) while this process creates a small dataset every 0.2 s and
+times each request.
 
-Run: ``.venv/bin/python -m bench.bench_write_wait [--labels N]``; writes
-``bench/results/write_wait.json``.
+Run: ``.venv/bin/python -m bench.bench_write_wait [--labels N] [--upload KIND]``;
+writes ``bench/results/write_wait.json`` (``write_wait_KIND.json`` for a plan or priors).
 """
 
 from __future__ import annotations
@@ -32,11 +33,17 @@ from bench.bench_label_service import _free_port
 RESULTS = Path(__file__).parent / "results" / "write_wait.json"
 TOKEN = "bench-admin-token-0123456789"
 DOMAIN = {"min": 0, "max": 10, "grid_size": 11}
+#: Each upload: its endpoint (under the dataset) and its second column.
+UPLOADS = {
+    "labels": ("labels", "label"),
+    "partitions": ("partitions", "part"),
+    "priors": ("priors?kind=groups", "group"),
+}
 
 
-def _write_csv(path: Path, n: int) -> None:
+def _write_csv(path: Path, n: int, column: str) -> None:
     with path.open("w") as fh:
-        fh.write("example_id,label\n")
+        fh.write(f"example_id,{column}\n")
         fh.writelines(f"e{i},{i % 11}\n" for i in range(n))
 
 
@@ -57,11 +64,12 @@ def _wait_ready(client: httpx.Client) -> None:
     raise RuntimeError("the labels party did not start")
 
 
-def measure(n: int) -> dict[str, Any]:
+def measure(n: int, kind: str = "labels") -> dict[str, Any]:
+    endpoint, column = UPLOADS[kind]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        csv = root / "labels.csv"
-        _write_csv(csv, n)
+        csv = root / f"{kind}.csv"
+        _write_csv(csv, n, column)
         csv_bytes = csv.stat().st_size
         port = _free_port()
         server = _serve(root / "data", port)
@@ -70,15 +78,18 @@ def measure(n: int) -> dict[str, Any]:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers,
                               timeout=600) as client:  # fmt: skip
                 _wait_ready(client)
-                dataset = {"name": "big", "task": "regression", "label_domain": DOMAIN,
-                           "epsilon_budget": 1}  # fmt: skip
+                # Classes 0…10: the same dataset takes all three uploads.
+                dataset = {"name": "big", "task": "classification",
+                           "label_domain": {"num_classes": 11}, "epsilon_budget": 1}  # fmt: skip
                 ds = client.post("/v1/datasets", json=dataset).json()["id"]
                 upload: dict[str, float] = {}
 
                 def send() -> None:
                     start = time.perf_counter()
                     with csv.open("rb") as fh:
-                        r = client.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.csv", fh)})
+                        r = client.post(
+                            f"/v1/datasets/{ds}/{endpoint}", files={"file": ("u.csv", fh)}
+                        )
                     r.raise_for_status()
                     upload["seconds"] = time.perf_counter() - start
 
@@ -99,7 +110,8 @@ def measure(n: int) -> dict[str, Any]:
             server.terminate()
             server.wait()
     return {
-        "labels": n,
+        "upload": kind,
+        "rows": n,
         "csv_bytes": csv_bytes,
         "upload_seconds": round(upload["seconds"], 2),
         "small_writes": len(waits),
@@ -110,16 +122,19 @@ def measure(n: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--labels", type=int, default=5_000_000, help="labels in the upload")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--labels", type=int, default=5_000_000, help="rows in the upload")
+    parser.add_argument("--upload", choices=list(UPLOADS), default="labels")
+    parser.add_argument("--out", type=Path, help="default: bench/results/write_wait*.json")
     args = parser.parse_args(argv)
     if args.labels < 1:
         parser.error("--labels must be ≥ 1")
+    out = args.out or (RESULTS if args.upload == "labels" else
+                       RESULTS.with_stem(f"write_wait_{args.upload}"))  # fmt: skip
     result = {"machine": platform.node(), "date": time.strftime("%Y-%m-%d"),
-              **measure(args.labels)}  # fmt: skip
+              **measure(args.labels, args.upload)}  # fmt: skip
     print(json.dumps(result, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -75,8 +75,8 @@ async def upload_priors(
         source = upload.file
 
         def store() -> tuple[PriorSet, int | None]:
-            dataset = visible_dataset(session, principal, dataset_id)
-            return service.upload(session, settings, principal, dataset, source, fmt, chosen)
+            return service.upload(session, settings, principal, dataset_id, source, fmt, chosen,
+                                  unlocked=request.app.state.db.reader)  # fmt: skip
 
         prior, unmatched = await in_worker_thread(store)
     finally:

@@ -33,12 +33,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal
+from label_party.auth import Principal, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import ClassificationDomain, parse_domain
+from label_party.db import transaction
 from label_party.exceptions import InvalidLabelsError, InvalidRequestError, NotFoundError
 from label_party.labels.validation import (
     FileFormat,
@@ -224,16 +225,23 @@ def upload(
     session: Session,
     settings: Settings,
     principal: Principal,
-    dataset: Dataset,
+    dataset_id: str,
     source: IO[bytes],
     fmt: FileFormat,
     kind: str,
+    *,
+    unlocked: sessionmaker[Session],
 ) -> tuple[PriorSet, int | None]:
-    """Store a prior set; returns it and the number of ids the labels lack (None: no labels)."""
+    """Store a prior set; returns it and the number of ids the labels lack (None: no labels).
+
+    As for labels, the file is read after a short read transaction of ``unlocked``
+    and before ``session`` locks the dataset (on SQLite, the database's write lock).
+    """
     if kind not in KINDS:
         raise InvalidRequestError(f"kind must be one of {', '.join(KINDS)}")
-    dataset = lock_dataset(session, dataset.id)
-    domain = parse_domain(dataset.task, dataset.label_domain)
+    with transaction(unlocked) as reader:
+        seen = visible_dataset(reader, principal, dataset_id)
+        domain = parse_domain(seen.task, seen.label_domain)  # fixed once created
     if not isinstance(domain, ClassificationDomain):
         raise InvalidRequestError("example priors are for classification datasets")
     num_groups: int | None = None
@@ -247,6 +255,7 @@ def upload(
     except InvalidLabelsError as exc:
         # The shared readers speak of labels; these are priors (no label involved).
         raise InvalidPriorsError(exc.message, exc.detail) from None
+    dataset = lock_dataset(session, dataset_id)
     sha = write_table(settings, table, priors_dir(settings, dataset.id))
     unmatched = _unmatched(settings, dataset, table.column("example_id"))
     prior = PriorSet(

@@ -65,8 +65,8 @@ async def register_plan(
         fmt = file_format(upload.filename, upload.content_type)
 
         def store() -> tuple[PartitionPlan, bool]:
-            dataset = visible_dataset(session, principal, dataset_id)
-            return service.register(session, settings, principal, dataset, upload.file, fmt)
+            return service.register(session, settings, principal, dataset_id, upload.file, fmt,
+                                    unlocked=request.app.state.db.reader)  # fmt: skip
 
         plan, created = await in_worker_thread(store)
     finally:

@@ -20,11 +20,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal
+from label_party.auth import Principal, visible_dataset
 from label_party.config import Settings
+from label_party.db import transaction
 from label_party.exceptions import ConflictError, InvalidRequestError
 from label_party.labels.validation import (
     FileFormat,
@@ -54,22 +55,45 @@ def register(
     session: Session,
     settings: Settings,
     principal: Principal,
-    dataset: Dataset,
+    dataset_id: str,
     source: IO[bytes],
     fmt: FileFormat,
+    *,
+    unlocked: sessionmaker[Session],
 ) -> tuple[PartitionPlan, bool]:
     """The plan and whether it was registered now (False: ``source`` assigns the same
-    examples to the same parts as the dataset's plan, which is returned)."""
-    dataset = lock_dataset(session, dataset.id)
+    examples to the same parts as the dataset's plan, which is returned).
+
+    As for labels, the file is read (seconds for millions of rows) after a short read
+    transaction of ``unlocked`` and before ``session`` locks the dataset: on SQLite
+    the whole database's write lock. A plan, once registered, never changes, so a
+    retry is compared with it outside the lock.
+    """
+    with transaction(unlocked) as reader:
+        existing = get_plan(reader, visible_dataset(reader, principal, dataset_id).id)
     clean, sizes = _parse(source, fmt)
-    existing = get_plan(session, dataset.id)
-    if existing is not None:
-        if _same_assignment(clean, pq.read_table(partition_path(settings, existing))):
-            return existing, False
+    if existing is None:
+        dataset = lock_dataset(session, dataset_id)
+        existing = get_plan(session, dataset.id)  # registered while the file was read?
+        if existing is None:
+            return _create(session, settings, principal, dataset, clean, sizes), True
+    if not _same_assignment(clean, pq.read_table(partition_path(settings, existing))):
         raise ConflictError(
             "the dataset already has another partition plan (one per dataset; registering "
             "the same assignment again returns it)"
         )
+    return existing, False
+
+
+def _create(
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    dataset: Dataset,
+    clean: pa.Table,
+    sizes: dict[str, int],
+) -> PartitionPlan:
+    """Store the plan of ``dataset`` (locked, with no plan yet) and log it."""
     sha = write_table(settings, clean, settings.partitions_dir / dataset.id)
     plan = PartitionPlan(
         id=str(uuid.uuid4()),
@@ -87,7 +111,7 @@ def register(
         dataset_id=dataset.id,
         payload={"plan_id": plan.id, "parts": sorted(sizes), "sha256": sha},
     )
-    return plan, True
+    return plan
 
 
 def _parse(source: IO[bytes], fmt: FileFormat) -> tuple[pa.Table, dict[str, int]]:

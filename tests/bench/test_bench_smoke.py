@@ -177,3 +177,14 @@ def test_rr_classes_quick(tmp_path: Path) -> None:
     assert [row["classes"] for row in result["rows"]] == [10, 1000]
     large = result["rows"][-1]
     assert large["rr"]["manifest_bytes"] * 100 < large["matrix"]["manifest_bytes"]
+
+
+@pytest.mark.parametrize("upload", ["labels", "partitions", "priors"])
+def test_write_wait_takes_each_upload(upload: str, tmp_path: Path) -> None:
+    out = tmp_path / "wait.json"
+    command = [sys.executable, "-m", "bench.bench_write_wait", "--labels", "2000",
+               "--upload", upload, "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["upload"] == upload and result["rows"] == 2000
