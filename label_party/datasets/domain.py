@@ -82,7 +82,8 @@ class ClassificationDomain(BaseModel):
 
 
 def parse_domain(task: str, raw: dict[str, object]) -> RegressionDomain | ClassificationDomain:
-    data = {k: v for k, v in raw.items() if k != "kind"}
+    """The domain of a ``task`` dataset; a ``kind`` in ``raw`` must name that task."""
+    data = {"kind": task, **raw}
     if task == "regression":
         return RegressionDomain.model_validate(data)
     return ClassificationDomain.model_validate(data)

@@ -187,6 +187,18 @@ def test_classification_releases(server: Server) -> None:
     ds = create_dataset(
         admin, task="classification", domain={"classes": ["cat", "dog", "emu"]}, epsilon_budget=5
     )
+    # Where the domain names its classes, text labels are names (a CSV's "1" too),
+    # and indices are numbers (JSON lines, Parquet), as the walkthrough says.
+    csv_index = b"example_id,label\ne0,1\n"
+    r = admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.csv", csv_index)})
+    assert r.status_code == 422 and r.json()["detail"]["rows"][0]["reason"] == "unknown class"
+    jsonl = b'{"example_id": "e0", "label": 1}\n{"example_id": "e1", "label": 2}\n'
+    assert admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.jsonl", jsonl)}).is_success
+    mixed = jsonl.replace(b"2}", b'"emu"}')  # a column with text is text: 1 is no name
+    r = admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.jsonl", mixed)})
+    assert r.status_code == 422 and r.json()["detail"]["rows"] == [
+        {"row": 1, "reason": "unknown class"}
+    ]
     ids = [f"e{i}" for i in range(600)]
     names = [["cat", "dog", "emu"][i % 3] for i in range(600)]
     assert upload_labels(admin, ds, ids, names).status_code == 200
@@ -365,6 +377,23 @@ def test_a_domain_whose_noise_overflows_a_float_is_refused_free(server: Server) 
                "prior": [0.5, 0.5]}  # fmt: skip
     r = admin.post("/v1/mechanisms/preview", json=preview)
     assert r.status_code == 422 and r.json()["error"] == "invalid_mechanism", r.text
+
+
+def test_a_domain_whose_kind_is_not_the_task_s_is_refused(server: Server) -> None:
+    """``kind`` was dropped before validation: a regression dataset declared with a
+    classification domain's kind was created as if the kind were absent."""
+    admin = server.client()
+    for task, domain in (
+        ("regression", {"kind": "classification", "min": 0, "max": 1}),
+        ("classification", {"kind": "regression", "num_classes": 3}),
+    ):
+        body = {"name": "x", "task": task, "label_domain": domain, "epsilon_budget": 1}
+        r = admin.post("/v1/datasets", json=body)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["kind"], r.text
+        agreeing = {**domain, "kind": task}
+        assert (
+            admin.post("/v1/datasets", json={**body, "label_domain": agreeing}).status_code == 201
+        )
 
 
 def test_previews_are_bounded_in_size_and_in_number_at_once(make_server: Any) -> None:
