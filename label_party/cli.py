@@ -100,6 +100,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--loss", choices=LOSSES, help="default: squared (zero-one for classes)")
     p.add_argument("--mesh", type=int, help="output grid size for 'unbiased'")
     p.add_argument(
+        "--time-limit", type=float, metavar="SECONDS",
+        help="give up a fit that runs longer (the unbiased LP; default: no limit)",
+    )  # fmt: skip
+    p.add_argument(
         "--input",
         required=True,
         type=Path,
@@ -155,6 +159,8 @@ def _read_input(path: Path) -> tuple[list[float], list[float]]:
 def run_preview(args: argparse.Namespace) -> int:
     from label_party.mechanisms.preview import preview  # scipy/HiGHS: only when used
 
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise CommandError("--time-limit must be a positive number of seconds")
     values, prior = _read_input(args.input)
     result = preview(
         mechanism=args.mechanism,
@@ -164,6 +170,7 @@ def run_preview(args: argparse.Namespace) -> int:
         loss=args.loss,
         mesh=args.mesh,
         params=_parse_params(args.param),
+        time_limit=args.time_limit,
     )
     if args.json:
         print(json.dumps(result))

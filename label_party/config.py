@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     #: Mechanism previews fitted at once (any token may ask for one, and a fit at
     #: the largest grid takes about a GB and seconds): 429 beyond.
     max_concurrent_previews: int = Field(default=2, ge=1)
+    #: Seconds a preview's fit may run (the unbiased LP takes minutes past a few
+    #: thousand values): 422 beyond, and the slot is free again.
+    preview_seconds: float = Field(default=30.0, gt=0)
     log_level: LogLevel = "INFO"
     #: LabelDP-Pro trainings (``labeldp label-party worker``): the torch device
     #: (``auto``: CUDA when the worker has it), how often an idle worker polls,

@@ -43,6 +43,10 @@ class MechanismError(ValueError):
     """A mechanism was asked for something its parameters do not allow."""
 
 
+class FitTimeLimitError(MechanismError):
+    """A fit that can take long (the unbiased LP) ran past its request's deadline."""
+
+
 def check_params(params: Mapping[str, Any], allowed: Collection[str], mechanism: str) -> None:
     """Refuse parameters ``mechanism`` does not take, naming the ones it does."""
     unknown = sorted(set(map(str, params)) - set(allowed))
@@ -144,6 +148,8 @@ class FitRequest:
     over it that is already ε₁-DP (or public). For ``rr-with-prior`` the prior is
     the per-example prior over class indices. ``domain`` is the declared label range
     (defaults to the ends of ``values``); ``params`` the mechanism's own options.
+    ``deadline`` (a ``time.monotonic()`` instant) bounds the fits that can take long
+    (:class:`FitTimeLimitError` past it); None: no bound.
     """
 
     epsilon: float
@@ -152,6 +158,7 @@ class FitRequest:
     loss: Loss = "squared"
     domain: tuple[float, float] | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    deadline: float | None = None
 
     @property
     def bounds(self) -> tuple[float, float]:

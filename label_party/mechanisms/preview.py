@@ -38,6 +38,7 @@ def preview(
     loss: str | None = None,
     mesh: int | None = None,
     params: Mapping[str, Any] | None = None,
+    time_limit: float | None = None,
 ) -> dict[str, Any]:
     """Fit ``mechanism`` and report outputs, matrix, noisy-label loss and bias.
 
@@ -46,7 +47,8 @@ def preview(
     whose matrix has more than ``PREVIEW_MAX_MATRIX_ENTRIES`` entries (``rr`` over
     more than 1000 classes), report ``None`` for ``outputs`` and ``matrix``.
     ``seconds`` is the fitting time only. ``selected`` and ``params`` describe the
-    fitted mechanism (``auto`` names its choice and why).
+    fitted mechanism (``auto`` names its choice and why). ``time_limit`` (seconds)
+    bounds the fits that can take long (the unbiased LP): ``FitTimeLimitError``.
     """
     spec = get_spec(mechanism)
     chosen: str = loss or ("zero-one" if spec.task == "classification" else "squared")
@@ -59,9 +61,11 @@ def preview(
     if mesh is not None:
         options["mesh"] = mesh  # checked by the mechanism, as in a release
     loss_name: Loss = chosen  # type: ignore[assignment]
-    start = time.perf_counter()
-    fitted = fit(mechanism, epsilon=epsilon, values=v, prior=p, loss=loss_name, params=options)
-    seconds = time.perf_counter() - start
+    start = time.monotonic()
+    deadline = None if time_limit is None else start + time_limit
+    fitted = fit(mechanism, epsilon=epsilon, values=v, prior=p, loss=loss_name, params=options,
+                 deadline=deadline)  # fmt: skip
+    seconds = time.monotonic() - start
     outputs = matrix = None
     if isinstance(fitted, RandomizedResponse | RRTopK) and (
         fitted.num_classes**2 <= PREVIEW_MAX_MATRIX_ENTRIES

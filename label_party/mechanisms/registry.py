@@ -185,11 +185,13 @@ def fit(
     loss: Loss = "squared",
     domain: tuple[float, float] | None = None,
     params: Mapping[str, Any] | None = None,
+    deadline: float | None = None,
 ) -> Mechanism:
-    """Fit mechanism ``name`` at ``epsilon`` to ``prior`` over ``values``."""
+    """Fit mechanism ``name`` at ``epsilon`` to ``prior`` over ``values`` (by
+    ``deadline``, a ``time.monotonic()`` instant, where the fit can take long)."""
     spec = get_spec(name)
     try:
-        return spec.factory(_request(epsilon, values, prior, loss, domain, params))
+        return spec.factory(_request(epsilon, values, prior, loss, domain, params, deadline))
     except MechanismError:
         raise
     except Exception as exc:
@@ -206,6 +208,7 @@ def _request(
     loss: Loss,
     domain: tuple[float, float] | None,
     params: Mapping[str, Any] | None,
+    deadline: float | None = None,
 ) -> FitRequest:
     return FitRequest(
         epsilon=check_epsilon(epsilon),
@@ -214,4 +217,5 @@ def _request(
         loss=loss,
         domain=domain,
         params=dict(params or {}),
+        deadline=deadline,
     )

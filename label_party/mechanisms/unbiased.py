@@ -94,6 +94,7 @@ matrix, unbiased to ``1e-7·(max − min)`` and ε-DP to ``1e-13`` relative.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,7 @@ from numpy.typing import ArrayLike, NDArray
 from label_party.mechanisms.base import (
     FiniteMechanism,
     FitRequest,
+    FitTimeLimitError,
     FloatArray,
     MechanismError,
     check_epsilon,
@@ -357,14 +359,23 @@ class _Master:
         have[self.cell_out, self.cell_y] = True
         return have
 
-    def solve(self) -> _Restricted:
-        """Re-solve from the last basis; the solution over the outputs in added order."""
+    def solve(self, deadline: float | None) -> _Restricted:
+        """Re-solve from the last basis; the solution over the outputs in added order.
+        Past ``deadline`` (``time.monotonic()``): :class:`FitTimeLimitError`."""
         h, k = self.h, self.k
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _out_of_time()
+            # HiGHS 1.x compares time_limit with its clock summed over every run.
+            h.setOptionValue("time_limit", h.getRunTime() + left)
         # Cold: dual simplex; warm: primal simplex (see the class docstring).
         h.setOptionValue("simplex_strategy", 4 if self.warm else 1)
         h.run()
         self.warm = True
         status = h.getModelStatus()
+        if status == highspy.HighsModelStatus.kTimeLimit:
+            raise _out_of_time()
         if status != highspy.HighsModelStatus.kOptimal:
             raise MechanismError(
                 "the unbiased-randomizer LP was not solved to optimality "
@@ -382,6 +393,13 @@ class _Master:
             m=x[self.m_col].copy(),
             s=s,
         )
+
+
+def _out_of_time() -> FitTimeLimitError:
+    return FitTimeLimitError(
+        "the unbiased LP was not solved in the time allowed: ask with a smaller mesh, "
+        "fewer values or a larger epsilon"
+    )
 
 
 def _reduced(
@@ -443,6 +461,7 @@ def solve_unbiased(
     epsilon: float,
     outputs: FloatArray,
     rel_gap: float = DEFAULT_REL_GAP,
+    deadline: float | None = None,
 ) -> UnbiasedSolution:
     """ComputeOptUnbiasedRand (Algorithm 1) with ``g = ℓ_sq`` over ``outputs``.
 
@@ -450,7 +469,8 @@ def solve_unbiased(
     smallest and largest output is ε-DP (averaging any feasible mechanism onto those
     two points gives it; Proposition 7 for Algorithm 2's grid). Raises
     :class:`MechanismError` when it is not, when HiGHS does not report an optimum, or
-    when column generation does not converge.
+    when column generation does not converge; :class:`FitTimeLimitError` past
+    ``deadline`` (a ``time.monotonic()`` instant).
     """
     eps = check_epsilon(epsilon)
     v, p = validate_prior(values, prior)
@@ -475,7 +495,7 @@ def solve_unbiased(
     o_hat = (grid - center) / half
     v_hat = (v - center) / half
 
-    sol, current, lower, rounds = _column_generation(v_hat, p, o_hat, em1, rel_gap)
+    sol, current, lower, rounds = _column_generation(v_hat, p, o_hat, em1, rel_gap, deadline)
     matrix, used = _repair(sol, v_hat, o_hat[current], em1, e)
     out = grid[current][used]
     loss = float(p @ (matrix * np.square(out[None, :] - v[:, None])).sum(axis=1))
@@ -491,7 +511,12 @@ def solve_unbiased(
 
 
 def _column_generation(
-    v_hat: FloatArray, prior: FloatArray, o_hat: FloatArray, em1: float, rel_gap: float
+    v_hat: FloatArray,
+    prior: FloatArray,
+    o_hat: FloatArray,
+    em1: float,
+    rel_gap: float,
+    deadline: float | None,
 ) -> tuple[_Restricted, NDArray[np.int64], float, int]:
     """Column generation over outputs and cells (module docstring, steps 1–3).
 
@@ -516,7 +541,7 @@ def _column_generation(
             raise MechanismError(
                 f"the unbiased LP did not converge in {MAX_ROUNDS} column-generation rounds"
             )
-        sol = master.solve()
+        sol = master.solve(deadline)
         prices = _price(v_hat, prior, o_hat, sol.lam, sol.mu, em1)
         dual = float(sol.lam.sum() + sol.mu @ v_hat)
         lower = max(lower, dual + k * min(0.0, float(prices.per_mass.min())))
@@ -743,12 +768,14 @@ def optimal_unbiased(
     epsilon: float,
     mesh: int | None = None,
     output_set: str = "grid",
+    deadline: float | None = None,
 ) -> FiniteMechanism:
     """The optimal ε-DP unbiased randomizer on Algorithm 2's grid (Algorithm 1).
 
     ``mesh`` is the grid size ``n`` (default :func:`default_mesh`); ``output_set``
     is ``"grid"`` (Algorithm 2) or ``"grid+dbrr"`` (the grid plus the ε-dbRR
     outputs). ε-DP when one label changes; spends ε; ``prior`` must be DP already.
+    ``deadline`` (``time.monotonic()``) bounds the solve: :class:`FitTimeLimitError`.
     """
     eps = check_epsilon(epsilon)
     v, p = validate_prior(values, prior)
@@ -757,7 +784,8 @@ def optimal_unbiased(
         raise MechanismError(
             f"output_set must be one of {', '.join(OUTPUT_SETS)}, got {output_set!r}"
         )
-    sol = solve_unbiased(v, p, epsilon=eps, outputs=_output_set(v, eps, n, output_set))
+    outputs = _output_set(v, eps, n, output_set)
+    sol = solve_unbiased(v, p, epsilon=eps, outputs=outputs, deadline=deadline)
     return FiniteMechanism(
         name="unbiased",
         epsilon=eps,
@@ -782,4 +810,5 @@ def from_request(request: FitRequest) -> FiniteMechanism:
         epsilon=request.epsilon,
         mesh=None if mesh is None else _check_mesh(mesh),
         output_set=strategy,
+        deadline=request.deadline,
     )

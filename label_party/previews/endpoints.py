@@ -50,7 +50,9 @@ class PreviewRead(BaseModel):
     summary="Fit a mechanism to a given prior: outputs, matrix, loss, bias (any role)",
     description="At most as many values as a dataset's grid may have "
     "(`LABELDP_MAX_GRID_SIZE`); `LABELDP_MAX_CONCURRENT_PREVIEWS` fits at once, "
-    "429 `busy` (with `Retry-After`) beyond.",
+    "429 `busy` (with `Retry-After`) beyond; a fit that runs past "
+    "`LABELDP_PREVIEW_SECONDS` (the unbiased LP on a large grid) is 422 "
+    "`invalid_mechanism`.",
 )
 def preview_mechanism(
     request: Request, body: PreviewRequest, principal: PrincipalDep, settings: SettingsDep
@@ -77,6 +79,7 @@ def preview_mechanism(
             loss=body.loss,
             mesh=body.mesh,
             params=body.params,
+            time_limit=settings.preview_seconds,
         )
     finally:
         slots.release()

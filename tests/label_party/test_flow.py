@@ -422,6 +422,20 @@ def test_previews_are_bounded_in_size_and_in_number_at_once(make_server: Any) ->
     assert auditor.post("/v1/mechanisms/preview", json=largest).status_code == 200  # free again
 
 
+def test_a_preview_fit_is_bounded_in_time(make_server: Any) -> None:
+    """The unbiased LP over a few thousand values ran for minutes, holding a preview
+    slot; past LABELDP_PREVIEW_SECONDS it is given up (422) and the slot is free."""
+    server = make_server(LABELDP_MAX_CONCURRENT_PREVIEWS="1", LABELDP_PREVIEW_SECONDS="0.3").start()
+    admin = server.client()
+    k = 1000  # about 7 s on 2 cores
+    slow = {"mechanism": "unbiased", "epsilon": 1, "values": list(range(k)), "prior": [1 / k] * k}
+    r = admin.post("/v1/mechanisms/preview", json=slow)
+    assert r.status_code == 422 and r.json()["error"] == "invalid_mechanism", r.text
+    assert "time allowed" in r.json()["message"]
+    quick = {**slow, "values": list(range(8)), "prior": [1 / 8] * 8}
+    assert admin.post("/v1/mechanisms/preview", json=quick).status_code == 200
+
+
 def test_metrics_still_count_when_the_ledger_cannot_be_read(tmp_path: Path) -> None:
     from label_party.db import connect
     from label_party.observability import scrape

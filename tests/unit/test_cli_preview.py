@@ -78,6 +78,13 @@ def test_unbiased_is_unbiased_through_the_cli(capsys: pytest.CaptureFixture[str]
         ([0, 1], [0.5, 0.5], ["--epsilon", "0"], "epsilon"),
         ([0, 1], [0.5, 0.5], ["--epsilon", "-1"], "epsilon"),
         ([0, 1], [0.5, 0.5], ["--mechanism", "unbiased", "--mesh", "1"], "mesh"),
+        ([0, 1], [0.5, 0.5], ["--time-limit", "0"], "--time-limit must be a positive"),
+        (
+            list(range(1000)),
+            [1e-3] * 1000,
+            ["--mechanism", "unbiased", "--time-limit", "0.2"],
+            "not solved in the time allowed",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(

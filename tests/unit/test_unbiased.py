@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import highspy
 import numpy as np
@@ -16,7 +17,12 @@ import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from label_party.mechanisms.base import FiniteMechanism, FitRequest, MechanismError
+from label_party.mechanisms.base import (
+    FiniteMechanism,
+    FitRequest,
+    FitTimeLimitError,
+    MechanismError,
+)
 from label_party.mechanisms.registry import fit
 from label_party.mechanisms.unbiased import (
     MAX_MESH,
@@ -292,6 +298,24 @@ def test_infeasible_output_set_is_refused() -> None:
     narrow = np.linspace(-1.0, 5.0, 20)  # far inside [L, U]: no ε=1 unbiased mechanism
     with pytest.raises(MechanismError, match="infeasible"):
         solve_unbiased(values, np.full(5, 0.2), epsilon=1.0, outputs=narrow)
+
+
+def test_a_deadline_stops_the_lp_and_a_distant_one_changes_nothing() -> None:
+    """A fit over 1,000 values takes seconds (minutes past a few thousand): a preview
+    bounds it by a deadline, checked by HiGHS within a solve and between rounds."""
+    values = np.linspace(0.0, 1.0, 1000)
+    prior = np.full(1000, 1e-3)
+    start = time.monotonic()
+    with pytest.raises(FitTimeLimitError, match="time allowed"):
+        optimal_unbiased(values, prior, epsilon=1.0, deadline=start + 0.2)
+    with pytest.raises(FitTimeLimitError):  # already past: no solve at all
+        optimal_unbiased(values, prior, epsilon=1.0, deadline=start - 1)
+    small, p = np.arange(0.0, 8.0), np.full(8, 0.125)
+    bounded = optimal_unbiased(small, p, epsilon=1.0, deadline=time.monotonic() + 3600)
+    free = optimal_unbiased(small, p, epsilon=1.0)
+    assert np.array_equal(bounded.matrix, free.matrix)
+    with pytest.raises(FitTimeLimitError):  # the registry passes it on
+        fit("unbiased", epsilon=1.0, values=values, prior=prior, deadline=start - 1)
 
 
 def test_single_value_is_returned_as_is() -> None:
