@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import threading
@@ -47,6 +48,10 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from shared.protocol import PARQUET_MEDIA_TYPE, PriorSetRead, ReleaseCreate, ReleaseRead
+
+#: One WARNING per retry (what failed, why, the wait): an operator watching a
+#: slow ``labels receive`` sees an outage being ridden out, not a hang.
+logger = logging.getLogger("feature_party.client")
 
 __all__ = [
     "BudgetExceededError",
@@ -520,6 +525,14 @@ class LabelsPartyClient:
             attempt, idempotent=safe, what=f"{method} {path}", uploading=uploading
         )
 
+    def _wait(self, seconds: float, attempt: int, what: str, why: str) -> None:
+        logger.warning(
+            "%s failed (%s); retry %d of %d in %.1f s",
+            what, why, attempt + 1, self.retries, seconds,
+            extra={"fields": {"attempt": attempt + 1, "wait_seconds": round(seconds, 3)}},
+        )  # fmt: skip
+        self._sleep(seconds)
+
     def _retrying(
         self,
         attempt: Callable[[_Watchdog], T],
@@ -541,7 +554,7 @@ class LabelsPartyClient:
                         f"{what}: {last}", attempts=i + 1
                     ) from None
                 if exc.retry_after is not None and i < self.retries:
-                    self._sleep(exc.retry_after)  # the server said when; no jitter on top
+                    self._wait(exc.retry_after, i, what, last)  # the server said when: no jitter
                     continue
             except httpx.TransportError as exc:
                 # A local protocol error's text quotes the request's headers: its token.
@@ -551,7 +564,8 @@ class LabelsPartyClient:
                 if not (idempotent or isinstance(exc, httpx.ConnectError)):
                     raise LabelsPartyUnavailableError(f"{what}: {last}", attempts=i + 1) from None
             if i < self.retries:
-                self._sleep(random.uniform(0, min(self.max_backoff, self.backoff * 2**i)))
+                wait = random.uniform(0, min(self.max_backoff, self.backoff * 2**i))
+                self._wait(wait, i, what, last)
         if failed is not None:
             raise failed
         raise LabelsPartyUnavailableError(

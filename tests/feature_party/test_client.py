@@ -207,7 +207,9 @@ def test_a_slow_but_steady_upload_is_not_cut(tmp_path: Path) -> None:
     sock.close()
 
 
-def test_retry_after_is_honoured_and_a_429_retries_even_a_write() -> None:
+def test_retry_after_is_honoured_and_a_429_retries_even_a_write(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A 429 turns a request away unread, so even a write that is not idempotent
     may go again; both wait as long as the labels party asked, not a jittered
     guess (the retries of 4 × 0.5 s could all fall inside a 5 s restart)."""
@@ -231,9 +233,13 @@ def test_retry_after_is_honoured_and_a_429_retries_even_a_write() -> None:
         body = {"error": "unavailable", "message": "restarting"}
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1.5"})
 
-    with serve_app(app) as url, make(url) as c:
+    with serve_app(app) as url, make(url) as c, caplog.at_level("WARNING", "feature_party.client"):
         assert c.create_client(name="x") == {"id": "c1", "token": "t"}
         assert c.sleeps == [2.0]  # type: ignore[attr-defined]
+        # Each retry says what failed, why, and how long it waits (no silent hang).
+        assert [r.getMessage() for r in caplog.records] == [
+            "POST /v1/clients failed (HTTP 429 too_many_requests: slow down); retry 1 of 3 in 2.0 s"
+        ]
         with pytest.raises(LabelsPartyUnavailableError, match="503 unavailable: restarting"):
             c.get_budget("ds")
         assert c.sleeps[1:] == [1.5, 1.5, 1.5]  # type: ignore[attr-defined]
