@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from feature_party.cli_client import (
-    CommandError,
     add_jobs_submit,
     add_list,
     add_models_predict,
@@ -29,6 +28,7 @@ from feature_party.cli_client import (
 )
 from feature_party.client import path_segment
 from feature_party.config import Settings
+from shared.cli_errors import CommandError
 from shared.logging import configure_logging
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.startup import StartupError
@@ -388,7 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(["feature-party", *(sys.argv[1:] if argv is None else argv)])
     try:
         result: int = args.handler(args)
-    except (CommandError, WorkerBusyError, StartupError, ValueError) as exc:
+    except CommandError as exc:
+        print(f"labeldp: error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except (WorkerBusyError, StartupError, ValueError) as exc:
         print(f"labeldp: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

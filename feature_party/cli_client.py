@@ -3,7 +3,9 @@
 Each command is one request to the features party (DESIGN.md §6) with its admin
 token, ``LABELDP_ADMIN_TOKEN``; a labels-party token, where one is needed, comes
 from ``LABELDP_LABELS_PARTY_TOKEN``, never from the command line. Answers are
-printed as JSON; errors as the service's code, message and detail (exit 2).
+printed as JSON; errors as the service's code, message and detail (exit status 2
+for a refusal, 1 for a service that did not answer, failed or was busy:
+:mod:`shared.cli_errors`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import httpx
 
 from feature_party.client import path_segment
+from shared.cli_errors import CommandError, ServiceFailedError, refusal
 from shared.pagination import every_row
 from shared.spending import command_key
 from shared.tokens import admin_token_problem
@@ -28,10 +31,6 @@ from shared.tokens import admin_token_problem
 TIMEOUT_SECONDS = 600
 #: Rows a ``list`` command asks for at a time (the services' most).
 PAGE_SIZE = 1000
-
-
-class CommandError(Exception):
-    """A command-line input the user must fix."""
 
 
 def admin_token() -> str:
@@ -71,7 +70,7 @@ def _send(
             timeout=TIMEOUT_SECONDS,
         )
     except httpx.TransportError as exc:
-        raise CommandError(f"cannot reach {url}: {exc}") from None
+        raise ServiceFailedError(f"cannot reach {url}: {exc}") from None
     try:
         answer = response.json()
     except ValueError:
@@ -81,7 +80,8 @@ def _send(
     if response.status_code >= 400:
         # The detail names what to fix (a field, the rows at fault), as label-party shows it.
         detail = f" {json.dumps(answer['detail'])}" if answer.get("detail") else ""
-        raise CommandError(f"{answer.get('error')}: {answer.get('message')}{detail}")
+        message = f"{answer.get('error')}: {answer.get('message')}{detail}"
+        raise refusal(response.status_code, message)
     return response
 
 

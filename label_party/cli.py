@@ -14,14 +14,10 @@ from typing import Any
 from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismSpec
+from shared.cli_errors import CommandError, ServiceFailedError, refusal
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.spending import command_key
 from shared.worker_loop import run_queue_worker
-
-
-class CommandError(Exception):
-    """A command-line input the user must fix."""
-
 
 #: What ``release`` offers: every mechanism but those never released on their own
 #: (``randomized-rounding``, which ``mechanism preview`` still shows).
@@ -387,7 +383,7 @@ def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) ->
             **kwargs,
         )
     except httpx.TransportError as exc:
-        raise CommandError(f"cannot reach {args.url}: {exc}") from None
+        raise ServiceFailedError(f"cannot reach {args.url}: {exc}") from None
     if response.status_code >= 400:
         try:
             body = response.json()
@@ -399,7 +395,7 @@ def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) ->
                 f"{response.request.url} answered {response.status_code} without the labels "
                 "party's error body (is --url the labels party?)"
             )
-        raise CommandError(message)
+        raise refusal(response.status_code, message)
     return response
 
 

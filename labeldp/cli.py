@@ -1,8 +1,8 @@
 """``labeldp``: one command line for both parties, the demo and the tools.
 
 Each party registers its own subcommands (``label_party.cli``,
-``feature_party.cli``); this module only assembles them. Errors a user can fix
-print one line to stderr and exit with status 2.
+``feature_party.cli``); this module only assembles them. An error prints one line
+to stderr; the exit status says whose it is (:data:`EXIT_STATUSES`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from collections.abc import Sequence
 import httpx
 
 from feature_party import cli as feature_cli
-from feature_party.cli_client import CommandError as FeatureCommandError
 from feature_party.client import LabelsPartyError, LabelsPartyHTTPError
 from label_party import cli as label_cli
 from labeldp import demo, experiment
 from labeldp.datasets import DatasetUnavailableError
 from labeldp.processes import ServiceStartError
+from shared.cli_errors import CommandError
 from shared.migrations import SchemaError
 from shared.startup import StartupError
 from shared.worker_loop import WorkerBusyError
@@ -35,6 +35,16 @@ TOKEN_OPTIONS = frozenset({"--token", "--labels-token", "--features-token"})
 #: What a mistyped command's next option looks like (``--token --url …``): such a
 #: word stays an option, so the missing token is reported, not swallowed.
 _LONG_OPTION = re.compile(r"--[a-z][a-z-]*")
+
+#: The exit statuses, as ``labeldp --help`` states them.
+EXIT_STATUSES = """exit status:
+  0    done
+  1    failed, and may work as it is later: a service did not answer, failed (5xx)
+       or was busy (429); a run, job or training failed or was cancelled; an audit
+       chain did not verify
+  2    the command must change: a bad argument, or a request a service refused as
+       asked (another 4xx; the message gives its code and detail)
+  130  interrupted"""
 
 #: Failures of a run (a service down, a step refused): one line, exit status 1.
 RUNTIME_ERRORS = (
@@ -50,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="labeldp",
         description="Label differential privacy between a labels party and a features party.",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     label_cli.register(commands)
@@ -96,13 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(attach_token_values(sys.argv[1:] if argv is None else argv))
     try:
         result: int = args.handler(args)
-    except (
-        label_cli.CommandError,
-        FeatureCommandError,
-        WorkerBusyError,
-        StartupError,
-        ValueError,
-    ) as exc:
+    except CommandError as exc:
+        print(f"labeldp: error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except (WorkerBusyError, StartupError, ValueError) as exc:
         print(f"labeldp: error: {_shown(exc)}", file=sys.stderr)
         return 2
     except RUNTIME_ERRORS as exc:

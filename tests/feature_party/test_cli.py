@@ -54,7 +54,8 @@ def test_a_client_command_ignores_the_service_s_settings_and_never_prints_the_to
          "--url", "http://127.0.0.1:9"],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == 2 and "cannot reach http://127.0.0.1:9" in done.stderr
+    # Nothing answered: the service's failure, not the command's (exit status 1).
+    assert done.returncode == 1 and "cannot reach http://127.0.0.1:9" in done.stderr
     assert ADMIN[:8] not in done.stderr + done.stdout
 
 
@@ -78,7 +79,8 @@ def test_labels_receive_sends_the_api_s_body(monkeypatch: pytest.MonkeyPatch) ->
     a free fetch carries no release options."""
     import argparse
 
-    from feature_party.cli_client import CommandError, receive_body
+    from feature_party.cli_client import receive_body
+    from shared.cli_errors import CommandError
 
     monkeypatch.setenv("LABELDP_LABELS_PARTY_TOKEN", "lp-token")
     where = {"feature_set": "fs", "labels_party_url": "http://lp", "dataset": "ds"}

@@ -14,6 +14,7 @@ import torch
 
 from label_party import cli as label_cli
 from labeldp.cli import main
+from shared.cli_errors import refusal
 from tests.label_party.conftest import ADMIN_TOKEN, Server
 from tests.label_party.helpers import parquet_bytes
 
@@ -191,3 +192,24 @@ def test_a_url_that_is_not_the_labels_party_is_named(
             other.shutdown()
     err = capsys.readouterr().err
     assert f"{url}/v1/datasets answered 404" in err and "is --url the labels party?" in err
+
+
+def test_the_exit_status_says_whose_the_failure_is(
+    make_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """2: the command must change (a 4xx refusal); 1: the service's (nothing answered,
+    busy, 5xx), the same command may work later. Both were 2."""
+    server = make_server().start()
+    token = ["--url", server.url, "--token", ADMIN_TOKEN]
+    assert main(["label-party", "budget", "no-such-dataset", *token]) == 2
+    assert "not_found" in capsys.readouterr().err
+    dead = ["--url", "http://127.0.0.1:9", "--token", ADMIN_TOKEN]
+    assert main(["label-party", "budget", "no-such-dataset", *dead]) == 1
+    assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
+    assert [refusal(status, "").exit_status for status in (429, 500, 503, 409, 422)] == [
+        1,
+        1,
+        1,
+        2,
+        2,
+    ]
