@@ -49,13 +49,13 @@ is why the normalizer is ``2r + 2b(Δ − r) − (1 − b)`` and why the sampler
 rejects "−0" (a sign-and-magnitude sampler that does not do so puts twice the mass
 on 0 — the pmf no longer matches Definition 24).
 
-Sampling caveat (Mironov, CCS 2012): the continuous samplers use floating-point
-arithmetic, like the papers' implementations, so the released floats are not
-exactly the ideal distribution (the porous-output attack applies in principle;
-clipping does not fix it, snapping would). The discrete samplers return integers,
-but numpy's geometric draws invert floating-point uniforms, so their far tails are
-truncated at probability ~2⁻⁵³: ε-DP up to a δ of that order, not the exact
-integer-arithmetic sampler DESIGN.md §3.5 asks for on counts.
+Sampling (Mironov, CCS 2012): ``fl(y + Z)`` in floats leaks ``y`` through its low
+bits (a reviewer ruled a label out for certain in 14–38 % of draws on ``[0, 1]``),
+so the continuous mechanisms randomize on the label-independent lattice of
+:mod:`~label_party.mechanisms.lattice` and release ``lo + h·j``, a function of the
+noisy integer ``j`` alone. Integer noise (lattice and ``discrete=true``) draws its
+geometric variables digit by digit against 64-bit integers, without the holes of a
+float-inverted geometric's tail.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ from label_party.mechanisms.base import (
     map_chunks,
     validate_prior,
 )
+from label_party.mechanisms.lattice import LATTICE_STEPS, geometric, two_sided_geometric
 from label_party.mechanisms.rounding import round_to_integers
 
 __all__ = [
@@ -232,6 +233,11 @@ class StaircaseNoise:
     # -- shape ----------------------------------------------------------------
 
     @property
+    def rate(self) -> float:
+        """``−log b``, from ``1 − b`` without cancellation (∞ for ``b = 0``)."""
+        return -math.log1p(-self.one_minus_decay) if self.decay > 0 else math.inf
+
+    @property
     def level(self) -> float:
         """``a``: the density (pmf) on the central step."""
         b, q, P, s = self.decay, self.one_minus_decay, self.period, self.split
@@ -268,18 +274,14 @@ class StaircaseNoise:
     def sample(self, n: int, rng: np.random.Generator) -> FloatArray:
         """Sign × (G·P + position within the period), the Geng & Viswanath (2014) sampler.
 
-        ``G ~ Geometric``: ``P(G = k) = (1 − b) b^k`` (numpy's geometric starts at 1,
-        hence the ``− 1``: forgetting it shifts the noise by a whole period and
-        breaks DP). The step is high with probability ``s / (s + b(P − s))``. In the
+        ``G ~ Geometric``: ``P(G = k) = (1 − b) b^k`` on ``{0, 1, …}``, drawn digit by
+        digit (:func:`~label_party.mechanisms.lattice.geometric`: no float holes in
+        its tail). The step is high with probability ``s / (s + b(P − s))``. In the
         discrete case "−0" is rejected and redrawn so that 0 is not counted twice.
         The discrete Laplace (period 1) is drawn as a difference of two geometrics.
         """
         if self.discrete and self.period == 1.0:
-            # Discrete Laplace: the difference of two i.i.d. geometrics on {0, 1, …}
-            # has pmf (1−t)/(1+t)·t^{|z|} exactly — no rejection needed.
-            q = self.one_minus_decay
-            diff: FloatArray = (rng.geometric(q, n) - rng.geometric(q, n)).astype(np.float64)
-            return diff
+            return two_sided_geometric(self.rate, n, rng)
         out = self._sample_signed(n, rng)
         if self.discrete:
             bad = np.flatnonzero(np.isnan(out))
@@ -298,7 +300,7 @@ class StaircaseNoise:
         inside the step.
         """
         b, P, s = self.decay, self.period, self.split
-        g = rng.geometric(self.one_minus_decay, n).astype(np.float64) - 1.0
+        g = geometric(self.rate, n, rng)
         low_weight = b * (P - s)
         p_high = s / (s + low_weight)
         p_low = low_weight / (s + low_weight)  # 1 − p_high without cancellation
@@ -541,6 +543,11 @@ class AdditiveMechanism(ContinuousMechanism):
     a clipped discrete mechanism for inspection). ε-DP for any two labels in
     ``[lo, hi]`` (see the module docstring); spends ε per example, δ = 0.
 
+    Continuous noise is sampled on the lattice ``lo + h·ℤ`` (:mod:`.lattice`):
+    ``lattice_noise`` is its discrete counterpart over ``LATTICE_STEPS`` steps of
+    ``h`` (Laplace: ``DLap(2¹⁶/ε)``; staircase: period 2¹⁶, ``r = round(γ·2¹⁶)``).
+    The analysis below is the continuous one; the lattice moves it by O(h).
+
     Analysis with ``W = y' − y`` (the possibly clipped noise), ``a = lo − y ≤ 0``,
     ``b = hi − y ≥ 0`` and excesses ``X_j(c) = E[Z^j − c^j ; Z > c]``:
     ``E[W] = X_1(|a|) − X_1(b)``, ``E[W²] = E[Z²] − X_2(b) − X_2(|a|)``,
@@ -563,6 +570,7 @@ class AdditiveMechanism(ContinuousMechanism):
     clip: bool
     discrete: bool
     extra: Mapping[str, Any]
+    lattice_noise: Noise | None = None
 
     @property
     def sensitivity(self) -> float:
@@ -588,10 +596,11 @@ class AdditiveMechanism(ContinuousMechanism):
         chunk_size: int = DEFAULT_CHUNK,
     ) -> FloatArray:
         def draw(chunk: FloatArray, g: np.random.Generator) -> FloatArray:
+            if self.lattice_noise is not None:
+                return self._on_lattice(chunk, self.lattice_noise, g)
             # Discrete noise needs integer labels; rounding them (unbiasedly) instead
             # of refusing others keeps whether a release succeeds label-independent.
-            base = round_to_integers(chunk, g) if self.discrete else chunk
-            noisy = base + self.noise.sample(chunk.size, g)
+            noisy = round_to_integers(chunk, g) + self.noise.sample(chunk.size, g)
             if self.clip:
                 np.clip(noisy, self.lo, self.hi, out=noisy)
             return noisy
@@ -600,6 +609,17 @@ class AdditiveMechanism(ContinuousMechanism):
             _check_labels(chunk, self.lo, self.hi, discrete=False)
 
         return _sample_checked(labels, draw, check, rng, chunk_size)
+
+    def _on_lattice(self, y: FloatArray, noise: Noise, g: np.random.Generator) -> FloatArray:
+        """``lo + h·j``: ``j`` the label's lattice index, rounded unbiasedly, plus
+        integer noise, clipped in integers; the float is a function of ``j`` alone."""
+        h = (self.hi - self.lo) / LATTICE_STEPS
+        index = np.clip((y - self.lo) / h, 0.0, float(LATTICE_STEPS))
+        j = round_to_integers(index, g) + noise.sample(y.size, g)
+        if self.clip:
+            np.clip(j, 0.0, float(LATTICE_STEPS), out=j)
+        out: FloatArray = self.lo + j * h
+        return out
 
     # -- analysis -----------------------------------------------------------
 
@@ -708,10 +728,15 @@ class ExponentialMechanism(ContinuousMechanism):
     normalizer); it is a Laplace of scale ``s = 2Δ/ε`` truncated to the domain.
     Spends ε per example, δ = 0.
 
-    Sampler: exact inverse CDF. Pick the side of ``y`` with probability
-    proportional to its mass ``s(1 − e^{−ℓ/s})`` (``ℓ`` the length of that side),
-    then a truncated exponential distance ``−s·log1p(v·expm1(−ℓ/s))``. Vectorized,
-    no rejection loop (the paper rejection-samples; same distribution).
+    Sampler: on the centres ``lo + (j + ½)h`` of the 2¹⁶ cells of ``[lo, hi]``
+    (:mod:`.lattice`: no output's low bits may depend on ``y``; the ends are not
+    outputs, as in the continuous mechanism, whose Poisson loss at ``lo = 0`` is
+    finite), the exponential mechanism of the label's cell index ``n`` (rounded
+    unbiasedly), ``P(j) ∝ q^{|j − n|}`` with ``q = e^{−ε/(2(2^16 − 1))}``, by inverse CDF: pick the side of ``n`` with probability
+    proportional to its mass, then a truncated geometric distance. Every output has
+    positive probability from every label, and the float inversions err by far
+    less than the ratio ``e^ε`` leaves. Vectorized, no rejection loop (the paper
+    rejection-samples). The analysis below is the continuous one (O(h) away).
 
     Analysis: with ``I_j(ℓ) = ∫_0^ℓ d^j e^{−d/s} dd = s^{j+1} j! P(j+1, ℓ/s)``
     (regularized incomplete gamma, accurate for small ``ℓ/s``), ``L = y − lo``,
@@ -738,6 +763,7 @@ class ExponentialMechanism(ContinuousMechanism):
             "clip": False,
             "discrete": False,
             "sampler": "inverse-cdf",
+            "lattice_step": (self.hi - self.lo) / LATTICE_STEPS,
         }
 
     def _integral(self, length: FloatArray, j: int) -> FloatArray:
@@ -772,17 +798,24 @@ class ExponentialMechanism(ContinuousMechanism):
         rng: np.random.Generator | None = None,
         chunk_size: int = DEFAULT_CHUNK,
     ) -> FloatArray:
-        s, lo, hi = self.scale, self.lo, self.hi
+        lo, hi = self.lo, self.hi
+        h = (hi - lo) / LATTICE_STEPS
+        last = float(LATTICE_STEPS - 1)  # cells 0 … last: the score's sensitivity
+        rate = self.epsilon / (2.0 * last)
 
         def draw(y: FloatArray, g: np.random.Generator) -> FloatArray:
-            left, right = y - lo, hi - y
-            m_left = -np.expm1(-left / s)
-            m_right = -np.expm1(-right / s)
+            n = round_to_integers(np.clip((y - lo) / h - 0.5, 0.0, last), g)
+            # Right: n + d, d ∈ {0 … last − n}; left: n − 1 − d, d ∈ {0 … n − 1}.
+            right_len, left_len = last - n + 1.0, n
+            m_right = -np.expm1(-rate * right_len)
+            m_left = math.exp(-rate) * -np.expm1(-rate * left_len)
             go_right = g.random(y.size) * (m_left + m_right) < m_right
-            length = np.where(go_right, right, left)
-            dist = -s * np.log1p(g.random(y.size) * np.expm1(-length / s))
-            dist = np.minimum(dist, length)
-            out: FloatArray = np.clip(np.where(go_right, y + dist, y - dist), lo, hi)
+            length = np.where(go_right, right_len, left_len)
+            # Truncated geometric on {0 … length − 1}: P(D ≤ d) = (1 − q^{d+1})/(1 − q^length).
+            d = np.floor(np.log1p(g.random(y.size) * np.expm1(-rate * length)) / -rate)
+            d = np.clip(d, 0.0, np.maximum(length - 1.0, 0.0))
+            j = np.where(go_right, n + d, n - 1.0 - d)
+            out: FloatArray = lo + (j + 0.5) * h
             return out
 
         def check(chunk: FloatArray) -> None:
@@ -878,13 +911,16 @@ def laplace_from_request(request: FitRequest) -> Mechanism:
     eps, lo, hi, clip, discrete = _common(request, {"clip", "discrete"}, "laplace")
     delta = hi - lo
     noise: Noise
+    lattice: Noise | None = None
     extra: dict[str, Any] = {"scale": delta / eps}
     if discrete:
         dlap = discrete_laplace(int(delta), eps)
         noise, extra["decay"] = dlap, dlap.decay
     else:
         noise = LaplaceNoise(delta / eps)
-    return AdditiveMechanism("laplace", eps, lo, hi, noise, clip, discrete, extra)
+        lattice = discrete_laplace(LATTICE_STEPS, eps)
+        extra["lattice_step"] = delta / LATTICE_STEPS
+    return AdditiveMechanism("laplace", eps, lo, hi, noise, clip, discrete, extra, lattice)
 
 
 def staircase_from_request(request: FitRequest) -> Mechanism:
@@ -898,6 +934,7 @@ def staircase_from_request(request: FitRequest) -> Mechanism:
     params = request.params
     delta = hi - lo
     noise: Noise
+    lattice: Noise | None = None
     if discrete:
         if "gamma" in params:
             raise MechanismError("gamma is for the continuous staircase; use r with discrete=true")
@@ -925,7 +962,10 @@ def staircase_from_request(request: FitRequest) -> Mechanism:
         cstair = continuous_staircase(delta, eps, float(gamma))
         noise = cstair
         extra = {"gamma": float(gamma), "decay": cstair.decay}
-    return AdditiveMechanism("staircase", eps, lo, hi, noise, clip, discrete, extra)
+        steps = max(1, round(float(gamma) * LATTICE_STEPS))
+        lattice = discrete_staircase(LATTICE_STEPS, eps, min(steps, LATTICE_STEPS))
+        extra["lattice_step"] = delta / LATTICE_STEPS
+    return AdditiveMechanism("staircase", eps, lo, hi, noise, clip, discrete, extra, lattice)
 
 
 def exponential_from_request(request: FitRequest) -> Mechanism:

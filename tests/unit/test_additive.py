@@ -490,6 +490,7 @@ def test_params_are_public_noise_parameters() -> None:
         "clip": True,
         "discrete": False,
         "scale": 10.0,
+        "lattice_step": 5.0 / 2**16,
     }
     stair = _fit("staircase", 1.0, {})
     assert stair.params()["gamma"] == pytest.approx(optimal_gamma(1.0))

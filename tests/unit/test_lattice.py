@@ -1,0 +1,90 @@
+"""Integer noise without float holes, and continuous mechanisms on a label-independent
+lattice (Mironov, CCS 2012; a reviewer's reproduction below)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from label_party.mechanisms.lattice import LATTICE_STEPS, geometric, two_sided_geometric
+from label_party.mechanisms.registry import fit
+
+SEED = 20261124
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.7, 3.0])
+def test_geometric_draws_follow_their_pmf(rate: float) -> None:
+    n = 400_000
+    draws = geometric(rate, n, np.random.default_rng(SEED))
+    assert np.array_equal(draws, np.round(draws)) and draws.min() >= 0
+    q = math.exp(-rate)
+    top = int(np.quantile(draws, 0.999))
+    expected = (1 - q) * q ** np.arange(top + 1) * n
+    observed = np.bincount(draws.astype(np.int64), minlength=top + 1)[: top + 1]
+    # The tail beyond ``top`` as one more cell.
+    expected = np.append(expected, n - expected.sum())
+    observed = np.append(observed, n - observed.sum())
+    assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+def test_each_binary_digit_is_its_own_coin() -> None:
+    """The digits of a geometric are independent coins with P(b_i = 1) =
+    1/(1 + e^{2^i·rate}); the sampler's digits have those frequencies."""
+    rate, n = 1 / 4096, 200_000
+    draws = geometric(rate, n, np.random.default_rng(SEED)).astype(np.int64)
+    for i in (0, 6, 12, 14):
+        p = 1 / (1 + math.exp(2**i * rate))
+        seen = ((draws >> i) & 1).mean()
+        assert abs(seen - p) < 5 * math.sqrt(p * (1 - p) / n), (i, seen, p)
+
+
+def test_two_sided_geometric_is_the_discrete_laplace() -> None:
+    rate, n = 0.4, 300_000
+    draws = two_sided_geometric(rate, n, np.random.default_rng(SEED)).astype(np.int64)
+    q = math.exp(-rate)
+    ks = np.arange(-15, 16)
+    expected = (1 - q) / (1 + q) * q ** np.abs(ks) * n
+    observed = np.array([(draws == k).sum() for k in ks])
+    expected = np.append(expected, n - expected.sum())
+    observed = np.append(observed, n - observed.sum())
+    assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+def _porous(outputs: np.ndarray) -> float:
+    """The reviewer's test: outputs in (0, ½) that are not multiples of 2⁻⁵³. From
+    ``y = 1`` on [0, 1], ``fl(1 + Z)`` there always is one; from ``y = 0`` not."""
+    inside = (outputs > 0) & (outputs < 0.5)
+    scaled = np.ldexp(outputs, 53)
+    return float((inside & (scaled != np.round(scaled))).mean())
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [("laplace", {}), ("laplace", {"clip": True}), ("staircase", {}), ("exponential", {})],
+)
+def test_an_output_s_low_bits_do_not_tell_the_label(name: str, params: dict[str, bool]) -> None:
+    """``fl(y + Z)`` ruled a label out for certain in 14–38 % of draws (laplace 0.136
+    and 0; exponential 0.382 and 0; staircase 0.153 and 0). On the lattice every
+    output from either label is ``lo + h·j`` (cell centres for the exponential)."""
+    mech = fit(name, epsilon=1.0, values=np.array([0.0, 1.0]), prior=np.array([0.5, 0.5]),
+               domain=(0.0, 1.0), params=params)  # fmt: skip
+    rng = np.random.default_rng(SEED)
+    h = 1.0 / LATTICE_STEPS
+    for y in (0.0, 1.0, 0.3):
+        out = mech.sample(np.full(200_000, y), rng=rng)
+        assert _porous(out) == 0.0
+        index = out / h - (0.5 if name == "exponential" else 0.0)
+        assert np.array_equal(index, np.round(index)), (name, y)
+
+
+def test_the_lattice_keeps_the_noise_s_law() -> None:
+    """Unclipped lattice Laplace: mean y, variance 2(Δ/ε)² (+ at most h²/4)."""
+    mech = fit("laplace", epsilon=0.5, values=np.array([0.0, 4.0]), prior=np.array([0.5, 0.5]),
+               domain=(0.0, 4.0))  # fmt: skip
+    out = mech.sample(np.full(400_000, 1.234), rng=np.random.default_rng(SEED))
+    scale = 4.0 / 0.5
+    assert abs(out.mean() - 1.234) < 5 * math.sqrt(2) * scale / math.sqrt(out.size)
+    assert out.var() == pytest.approx(2 * scale**2, rel=0.02)
