@@ -362,14 +362,17 @@ def project_simplex(v: Tensor) -> Tensor:
     Vectorized over leading axes.
     """
     m = v.shape[-1]
-    u, _ = torch.sort(v, dim=-1, descending=True)
+    # In float64: in float32, u₁ − (u₁ − 1) is 0 once u₁ ≥ 2²⁴ (a large step size
+    # makes such entries), which left ρ at 0 and the gather out of range.
+    wide = v.to(torch.float64)
+    u, _ = torch.sort(wide, dim=-1, descending=True)
     excess = u.cumsum(dim=-1) - 1.0
-    ranks = torch.arange(1, m + 1, device=v.device, dtype=v.dtype)
+    ranks = torch.arange(1, m + 1, device=v.device, dtype=torch.float64)
     # The condition holds on a prefix of the sorted entries, so counting its
-    # True entries gives ρ without a data-dependent loop.
-    rho = (u - excess / ranks > 0).sum(dim=-1, keepdim=True)
-    tau = excess.gather(-1, rho - 1) / rho.to(v.dtype)
-    return torch.clamp(v - tau, min=0.0)
+    # True entries gives ρ without a data-dependent loop; it holds at j = 1.
+    rho = (u - excess / ranks > 0).sum(dim=-1, keepdim=True).clamp(min=1)
+    tau = excess.gather(-1, rho - 1) / rho.to(torch.float64)
+    return torch.clamp(wide - tau, min=0.0).to(v.dtype)
 
 
 def estimate_step_size(op: GradientOperator, iterations: int = _POWER_ITERATIONS) -> float:

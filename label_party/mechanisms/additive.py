@@ -732,8 +732,9 @@ class ExponentialMechanism(ContinuousMechanism):
     (:mod:`.lattice`: no output's low bits may depend on ``y``; the ends are not
     outputs, as in the continuous mechanism, whose Poisson loss at ``lo = 0`` is
     finite), the exponential mechanism of the label's cell index ``n`` (rounded
-    unbiasedly), ``P(j) ∝ q^{|j − n|}`` with ``q = e^{−ε/(2(2^16 − 1))}``, by inverse CDF: pick the side of ``n`` with probability
-    proportional to its mass, then a truncated geometric distance. Every output has
+    unbiasedly), ``P(j) ∝ q^{|j − n|}`` with ``q = e^{−ε/(2(2^16 − 1))}``, by inverse
+    CDF: pick the side of ``n`` with probability proportional to its mass, then a
+    truncated geometric distance. Every output has
     positive probability from every label, and the float inversions err by far
     less than the ratio ``e^ε`` leaves. Vectorized, no rejection loop (the paper
     rejection-samples). The analysis below is the continuous one (O(h) away).

@@ -101,6 +101,13 @@ def test_simplex_projection_matches_reference_batched() -> None:
     torch.testing.assert_close(project_simplex(out), out)
 
 
+def test_simplex_projection_of_a_huge_float32_entry_is_its_vertex() -> None:
+    """In float32 u₁ − (u₁ − 1) is 0 from 2²⁴ on: ρ was 0 and the gather raised (a
+    large projection step, chosen by the client, failed a paid-for training)."""
+    out = project_simplex(torch.tensor([[3e7, 1.0], [-1.0, 5e8]], dtype=torch.float32))
+    torch.testing.assert_close(out, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+
+
 def test_point_inside_the_hull_projects_to_itself() -> None:
     model, x = (
         _mlp(seed=7, hidden=16),
