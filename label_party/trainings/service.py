@@ -395,9 +395,16 @@ def create(
     """
     require(principal, "admin", "client")
     digest = fingerprint(spec, upload_digest(source))
+    # ε alone (δ needs the features' n): a request the budget cannot afford is
+    # refused before the seconds of reading and planning, as a release is.
+    least = Cost(epsilon_units(spec.epsilon), 0, None)
     with transaction(unlocked) as reader:
         dataset = visible_dataset(reader, principal, dataset_id)
         replay = _replay(reader, principal, dataset.id, spec, digest)
+        hopeless = replay is None and not ledger.affordable(reader, dataset, least)
+    if hopeless:  # refused and audited under the lock (it may have become affordable)
+        locked = ledger.lock_dataset(session, dataset.id)
+        ledger.refuse_unless_affordable(session, principal, locked, least, what="training")
     draft = None if replay else _draft(settings, dataset, spec, source, fmt)
     dataset = ledger.lock_dataset(session, dataset.id)
     existing = _replay(session, principal, dataset.id, spec, digest)

@@ -240,10 +240,14 @@ def test_budget_exceeded_spends_nothing(server: Server, granted: Any) -> None:
         detail = r.json()["detail"]
         assert detail["requested_epsilon"] == spec["epsilon"] and detail["remaining_epsilon"] == 10
         assert detail["remaining_delta"] == pytest.approx(0.01)
+    # An ε beyond the budget is refused before the features are read (seconds of
+    # CPU, for free, per request): even an unreadable file gets the 409.
+    r = submit(client, dataset_id, b"not a parquet file", architecture="mlp", epsilon=11)
+    assert r.status_code == 409 and r.json()["error"] == "budget_exceeded", r.text
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json() == before
     assert client.get(f"/v1/datasets/{dataset_id}/trainings").json() == []
     actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]
-    assert actions.count("training.refused") == 2 and "training.reserved" not in actions
+    assert actions.count("training.refused") == 3 and "training.reserved" not in actions
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
