@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     #: Largest model a training may ask for (422 above, before any budget is
     #: spent): a physical batch's per-example gradients take 4 KiB a parameter.
     training_max_parameters: int = Field(default=1_000_000, gt=0)
+    #: Largest decoded size of a training's Parquet features (413 above, refused as
+    #: it is read, from its metadata where that owns up): 9 MB of zstd decoded to
+    #: 2.4 GB, twice over in memory. 2 GiB holds 680,000 float32 rows of 784 pixels.
+    training_max_features_bytes: int = Field(default=2 << 30, gt=0)
     #: Largest memory a projecting denoiser may take for one example's per-class
     #: gradients (K × parameters floats, about 12 bytes each at their peak).
     training_max_projection_bytes: int = Field(default=4 << 30, gt=0)

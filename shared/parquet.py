@@ -101,12 +101,36 @@ class ParquetTooLargeError(ValueError):
     """An uploaded Parquet file decodes to far more than it weighs (a compression
     bomb: a few hundred kB of repeated long strings can decode to gigabytes)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, absolute: bool = False) -> None:
         super().__init__(
-            f"the Parquet file decodes to more than {limit} bytes ({MAX_EXPANSION}× its "
-            "size, and at least 256 MiB); split it or send CSV"
+            f"the Parquet file decodes to more than {limit} bytes"
+            + ("" if absolute else f" ({MAX_EXPANSION}× its size, and at least 256 MiB)")
+            + "; split it or send CSV"
         )
         self.limit = limit
+
+
+def _declared_bytes(file: pq.ParquetFile, columns: list[str] | None) -> int:
+    """What the file's metadata says its (chosen) columns decode to at least: rows ×
+    width for a fixed-width column (a run of zeros encodes to nothing but decodes
+    to 8 bytes a row), the pages' uncompressed size otherwise. A file over the
+    bound by this count is refused before a byte is decoded."""
+    metadata, total = file.metadata, 0
+    for field in file.schema_arrow:
+        if columns is not None and field.name not in columns:
+            continue
+        try:
+            total += metadata.num_rows * field.type.bit_width // 8
+            continue
+        except ValueError:  # variable width: what the pages hold
+            pass
+        for i in range(metadata.num_row_groups):
+            group = metadata.row_group(i)
+            for j in range(group.num_columns):
+                chunk = group.column(j)
+                if chunk.path_in_schema.split(".")[0] == field.name:
+                    total += chunk.total_uncompressed_size
+    return total
 
 
 def read_parquet_bounded(
@@ -115,10 +139,12 @@ def read_parquet_bounded(
     *,
     memory_map: bool = False,
     min_decoded_bytes: int = MIN_DECODED_BYTES,
+    max_decoded_bytes: int | None = None,
 ) -> pa.Table:
     """``pq.read_table`` for uploads: read batch by batch, and stop with
     :class:`ParquetTooLargeError` once the decoded data passes the bound, before
-    the service has spent the memory."""
+    the service has spent the memory. ``max_decoded_bytes`` caps the bound
+    absolutely (a file whose metadata already declares more is refused unread)."""
     if isinstance(source, Path):
         size = source.stat().st_size
         file = pq.ParquetFile(source, memory_map=memory_map)
@@ -127,15 +153,20 @@ def read_parquet_bounded(
         source.seek(0)
         file = pq.ParquetFile(source)
     limit = max(MAX_EXPANSION * size, min_decoded_bytes)
+    absolute = max_decoded_bytes is not None and max_decoded_bytes < limit
+    if max_decoded_bytes is not None:
+        limit = min(limit, max_decoded_bytes)
     names = file.schema_arrow.names
     for name in columns or ():
         if names.count(name) != 1:  # as pq.read_table: a column must name one field
             raise pa.ArrowInvalid(f"column {name!r} occurs {names.count(name)} times")
+    if _declared_bytes(file, columns) > limit:
+        raise ParquetTooLargeError(limit, absolute)
     batches, decoded = [], 0
     for batch in file.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
         decoded += batch.nbytes
         if decoded > limit:
-            raise ParquetTooLargeError(limit)
+            raise ParquetTooLargeError(limit, absolute)
         batches.append(batch)
     if batches:
         return pa.Table.from_batches(batches)

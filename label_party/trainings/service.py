@@ -91,11 +91,11 @@ DEFAULT_BATCH = 1024
 # -- the features file ------------------------------------------------------------------
 
 
-def _read_any(source: IO[bytes], fmt: FileFormat) -> pa.Table:
+def _read_any(source: IO[bytes], fmt: FileFormat, max_bytes: int | None) -> pa.Table:
     """The uploaded table; parser messages are not passed on (they quote content)."""
     try:
         if fmt == "parquet":
-            return read_parquet_bounded(source)
+            return read_parquet_bounded(source, max_decoded_bytes=max_bytes)
         if fmt == "csv":
             options = pcsv.ConvertOptions(column_types={"example_id": pa.string()})
             return pcsv.read_csv(source, convert_options=options)
@@ -108,10 +108,11 @@ def _read_any(source: IO[bytes], fmt: FileFormat) -> pa.Table:
         raise InvalidRequestError(f"the features file could not be read as {fmt}") from None
 
 
-def read_features(source: IO[bytes], fmt: FileFormat) -> pa.Table:
+def read_features(source: IO[bytes], fmt: FileFormat, max_bytes: int | None = None) -> pa.Table:
     """``example_id`` (string, unique, present) plus the numeric columns as float32,
-    in file order. Only column names and row numbers appear in errors."""
-    table = _read_any(source, fmt)
+    in file order. Only column names and row numbers appear in errors. A Parquet
+    file that decodes to more than ``max_bytes`` is refused (413) as it is read."""
+    table = _read_any(source, fmt, max_bytes)
     repeated = sorted(c for c, n in Counter(table.column_names).items() if n > 1)
     if repeated:
         raise InvalidRequestError(
@@ -340,7 +341,7 @@ def _draft(
     if dataset.labels_sha256 is None:
         raise ConflictError("the dataset has no labels yet")
     source.seek(0)
-    table = read_features(source, fmt)
+    table = read_features(source, fmt, settings.training_max_features_bytes)
     try:
         n = _labelled_count(settings, dataset, table)
     except FileNotFoundError:  # replaced (and deleted) since this request read the row

@@ -251,6 +251,21 @@ def test_budget_exceeded_spends_nothing(server: Server, granted: Any) -> None:
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
+def test_features_that_decode_past_the_limit_are_refused_unread(make_server: Any) -> None:
+    """9 MB of zstd decoded to 2.4 GB in the API (then 422, free): a Parquet file may
+    decode to at most LABELDP_TRAINING_MAX_FEATURES_BYTES, and one whose metadata
+    says more is refused before any of it is decoded."""
+    server = make_server(LABELDP_TRAINING_MAX_FEATURES_BYTES=str(1 << 20)).start()
+    admin = server.client()
+    dataset_id, ids, labels = make_dataset(admin)
+    zeros = {f"z{j}": [0.0] * len(ids) for j in range(1000)}  # 1.6 MB decoded
+    r = submit(admin, dataset_id, tabular(ids, labels, **zeros), epsilon=1, **CHEAP)
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large", r.text
+    assert r.json()["detail"]["limit"] == 1 << 20 and "1000×" not in r.json()["message"]
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
+    assert submit(admin, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP).status_code == 201
+
+
 def test_a_dataset_without_a_delta_budget_says_so(server: Server) -> None:
     admin = server.client()
     dataset_id, ids, labels = make_dataset(admin, delta_budget=0)

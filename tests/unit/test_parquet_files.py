@@ -67,6 +67,24 @@ def test_a_parquet_bomb_is_refused_before_it_is_decoded_whole(tmp_path: Path) ->
         read_parquet_bounded(fh, min_decoded_bytes=1 << 20)
 
 
+def test_an_absolute_bound_refuses_what_the_metadata_declares_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "zeros.parquet"
+    zeros = {f"z{j}": pa.array([0.0] * 10_000) for j in range(50)}  # 4 MB decoded
+    pq.write_table(pa.table(zeros), path, compression="zstd")
+    assert path.stat().st_size < 100_000
+    read_parquet_bounded(path, max_decoded_bytes=8 << 20)  # under the bound: read
+
+    def no_decoding(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the file was decoded")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", no_decoding)
+    with pytest.raises(ParquetTooLargeError, match="more than 1048576 bytes; split") as refused:
+        read_parquet_bounded(path, max_decoded_bytes=1 << 20)
+    assert refused.value.limit == 1 << 20
+
+
 def test_a_bounded_read_is_the_plain_read(tmp_path: Path) -> None:
     path = tmp_path / "labels.parquet"
     table = pa.table({"example_id": [f"e{i}" for i in range(200_000)],
