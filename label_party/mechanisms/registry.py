@@ -75,11 +75,25 @@ AUTO_CHOICES: dict[str, tuple[str, str]] = {
 }
 
 
+#: ``auto``'s choice where the unbiased LP is not solved reliably (ε above
+#: ``unbiased.MAX_EPSILON``; a function of ε alone, so of nothing private).
+HIGH_EPSILON_CHOICE = (
+    "debiased-rr",
+    "above ε = 16 the unbiased LP is not solved reliably; ε-dbRR is unbiased too, and "
+    "the optimal unbiased randomizer approaches it as ε grows "
+    "(optimal-unbiased-randomizers.txt §3.1)",
+)
+
+
 def _auto(request: FitRequest) -> Mechanism:
     """The mechanism the papers found best for the declared training loss."""
+    from label_party.mechanisms.unbiased import MAX_EPSILON  # HiGHS: only when used
+
     if request.loss not in AUTO_CHOICES:
         raise MechanismError(f"auto has no choice for the {request.loss!r} loss")
     name, reason = AUTO_CHOICES[request.loss]
+    if name == "unbiased" and request.epsilon > MAX_EPSILON:
+        name, reason = HIGH_EPSILON_CHOICE
     chosen = MECHANISMS[name].factory(request)
     assert isinstance(chosen, FiniteMechanism)
     return replace(chosen, params={**chosen.params, "selected_by": "auto", "reason": reason})

@@ -126,6 +126,12 @@ OUTPUT_SETS = ("grid", "grid+dbrr")
 DEFAULT_REL_GAP = 1e-10
 #: Column generation gives up (MechanismError) after this many rounds.
 MAX_ROUNDS = 500
+#: Above this ε the LP's coefficients (±(e^ε − 1)) defeat HiGHS on some priors: a
+#: reviewer's fits failed from ε = 20 on a prior-dependent subset (so a release
+#: whose label-independent preflight passed failed after it was charged), and on
+#: every prior from ε = 35. Refused up front (label-independent, free); ``auto``
+#: picks ε-dbRR there, which the optimum approaches as ε grows.
+MAX_EPSILON = 16.0
 
 _PARAMS = frozenset({"mesh", "output_set"})
 #: Outputs in the first restricted LP.
@@ -778,6 +784,12 @@ def optimal_unbiased(
     ``deadline`` (``time.monotonic()``) bounds the solve: :class:`FitTimeLimitError`.
     """
     eps = check_epsilon(epsilon)
+    if eps > MAX_EPSILON:
+        raise MechanismError(
+            f"the unbiased LP is not solved reliably above ε = {MAX_EPSILON:g} (its "
+            "coefficients reach e^ε); use debiased-rr, which its optimum approaches as ε "
+            "grows, or auto, which does"
+        )
     v, p = validate_prior(values, prior)
     n = default_mesh(v.size) if mesh is None else _check_mesh(mesh)
     if output_set not in OUTPUT_SETS:

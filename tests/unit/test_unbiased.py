@@ -25,6 +25,7 @@ from label_party.mechanisms.base import (
 )
 from label_party.mechanisms.registry import fit
 from label_party.mechanisms.unbiased import (
+    MAX_EPSILON,
     MAX_MESH,
     debiased_rr,
     debiased_rr_from_request,
@@ -316,6 +317,26 @@ def test_a_deadline_stops_the_lp_and_a_distant_one_changes_nothing() -> None:
     assert np.array_equal(bounded.matrix, free.matrix)
     with pytest.raises(FitTimeLimitError):  # the registry passes it on
         fit("unbiased", epsilon=1.0, values=values, prior=prior, deadline=start - 1)
+
+
+def test_above_its_epsilon_ceiling_unbiased_is_refused_and_auto_picks_dbrr() -> None:
+    """A reviewer's prior: at ε = 20 the uniform prior's fit (a release's free
+    preflight) passed and this one failed ("not a transition matrix") after the
+    budget was reserved. Past MAX_EPSILON the refusal depends on ε alone."""
+    values = np.arange(20.0)
+    counts = np.array([5015, 4532, 4066, 3681, 3347, 3047, 2767, 2484, 2255, 2029, 1850,
+                       1674, 1487, 1389, 1229, 1105, 1010, 916, 793, 736.0])  # fmt: skip
+    for prior in (np.full(20, 0.05), counts / counts.sum()):
+        with pytest.raises(MechanismError, match="not solved reliably above ε = 16"):
+            fit("unbiased", epsilon=20.0, values=values, prior=prior)
+        chosen = fit("auto", epsilon=20.0, values=values, prior=prior, loss="squared")
+        assert isinstance(chosen, FiniteMechanism) and chosen.name == "debiased-rr"
+        assert "above ε = 16" in chosen.params["reason"]
+        _assert_unbiased(chosen)
+    at_ceiling = fit("auto", epsilon=MAX_EPSILON, values=values, prior=counts / counts.sum(),
+                     loss="squared")  # fmt: skip
+    assert isinstance(at_ceiling, FiniteMechanism) and at_ceiling.name == "unbiased"
+    _assert_dp(at_ceiling.matrix, MAX_EPSILON)
 
 
 def test_single_value_is_returned_as_is() -> None:
