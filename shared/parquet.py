@@ -115,21 +115,22 @@ def _declared_bytes(file: pq.ParquetFile, columns: list[str] | None) -> int:
     width for a fixed-width column (a run of zeros encodes to nothing but decodes
     to 8 bytes a row), the pages' uncompressed size otherwise. A file over the
     bound by this count is refused before a byte is decoded."""
-    metadata, total = file.metadata, 0
+    metadata = file.metadata
+    paged: dict[str, int] = {}  # each top-level column's uncompressed page bytes
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        for j in range(group.num_columns):
+            chunk = group.column(j)
+            name = chunk.path_in_schema.split(".")[0]
+            paged[name] = paged.get(name, 0) + chunk.total_uncompressed_size
+    total = 0
     for field in file.schema_arrow:
         if columns is not None and field.name not in columns:
             continue
         try:
             total += metadata.num_rows * field.type.bit_width // 8
-            continue
         except ValueError:  # variable width: what the pages hold
-            pass
-        for i in range(metadata.num_row_groups):
-            group = metadata.row_group(i)
-            for j in range(group.num_columns):
-                chunk = group.column(j)
-                if chunk.path_in_schema.split(".")[0] == field.name:
-                    total += chunk.total_uncompressed_size
+            total += paged.get(field.name, 0)
     return total
 
 

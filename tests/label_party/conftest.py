@@ -75,6 +75,17 @@ def database_url(
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def settings_from_env(env: dict[str, str]) -> Settings:
+    """The labels party's settings from ``LABELDP_*`` variables, as the service reads them."""
+    return Settings(
+        **{
+            k.removeprefix("LABELDP_").lower(): v
+            for k, v in env.items()
+            if k.startswith("LABELDP_")
+        }
+    )
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -98,6 +109,11 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def settings(self) -> Settings:
+        """The settings its environment gives (those passed to ``start`` aside)."""
+        return settings_from_env(self.env)
 
     def start(self, *, file_size_limit: int | None = None, **extra_env: str) -> Server:
         """Start it; ``file_size_limit`` (a subprocess only): its files stop at that
@@ -123,15 +139,8 @@ class Server:
                     preexec_fn=None if file_size_limit is None else limit_files(file_size_limit),
                 )
         else:
-            settings = Settings(
-                **{
-                    k.removeprefix("LABELDP_").lower(): v
-                    for k, v in env.items()
-                    if k.startswith("LABELDP_")
-                }
-            )
             config = uvicorn.Config(
-                create_app(settings),
+                create_app(settings_from_env(env)),
                 host="127.0.0.1",
                 port=self.port,
                 log_config=None,

@@ -23,7 +23,6 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from label_party.config import Settings
 from label_party.db import connect, transaction
 from label_party.labeldp_pro import LabelDPProConfig
 from label_party.models import Training
@@ -41,20 +40,10 @@ FAST = {"epochs": 1, "projection_steps": 3, "alt_batch_size": 8}
 CHEAP = {"architecture": "mlp", "hidden": [8], "denoiser": "noop", "epochs": 1}
 
 
-def _settings(server: Server) -> Settings:
-    return Settings.model_validate(
-        {
-            k.removeprefix("LABELDP_").lower(): v
-            for k, v in server.env.items()
-            if k.startswith("LABELDP_")
-        }
-    )
-
-
 def run_worker(server: Server) -> int:
     """One in-process worker pass over the queue (what ``labeldp label-party worker
     --once`` does); returns the number of trainings it ran."""
-    settings = _settings(server)
+    settings = server.settings
     db = connect(settings.resolved_database_url)
     try:
         return Worker(db, settings, worker_id="test-worker").run(once=True)
@@ -183,7 +172,7 @@ def test_a_gpu_worker_trains_and_releases_a_model_a_cpu_loads(server: Server, gr
     r = submit(client, dataset_id, images(ids, labels), epsilon=4, delta=1e-5,
                expected_batch_size=100, projection_backend="dense", **FAST)  # fmt: skip
     assert r.status_code == 201, r.text
-    settings = _settings(server).model_copy(update={"training_device": "cuda"})
+    settings = server.settings.model_copy(update={"training_device": "cuda"})
     db = connect(settings.resolved_database_url)
     try:
         assert Worker(db, settings, worker_id="gpu-worker").run(once=True) >= 1
@@ -340,7 +329,7 @@ def test_a_failed_training_is_not_refunded(
     r = submit(client, dataset_id, tabular(ids[:123], labels[:123]), epsilon=1, **CHEAP)
     training = r.json()
     # The stored features vanish before a worker runs it (a lost disk, say).
-    settings = _settings(server)
+    settings = server.settings
     (settings.trainings_dir / "features" / f"{training['features_sha256']}.parquet").unlink()
     with caplog.at_level(logging.INFO, logger="label_party"):
         run_worker(server)
@@ -423,7 +412,7 @@ def test_an_infeasible_spec_is_refused_before_any_spend(server: Server, granted:
     """Issue 7: what the worker could not calibrate is refused by the POST (422),
     before the ledger, the audit log or the data directory change."""
     admin, client, dataset_id, ids, labels = granted
-    features_dir = _settings(server).trainings_dir / "features"
+    features_dir = server.settings.trainings_dir / "features"
     budget, audit = (
         admin.get(f"/v1/datasets/{dataset_id}/budget").json(),
         _audit_entries(admin, dataset_id),
@@ -455,7 +444,7 @@ def test_the_worker_releases_only_the_accepted_plan(server: Server, granted: Any
     admin, client, dataset_id, ids, labels = granted
     r = submit(client, dataset_id, tabular(ids[:97], labels[:97]), epsilon=1, delta=1e-5, **CHEAP)
     training_id = r.json()["id"]
-    settings = _settings(server)
+    settings = server.settings
     db = connect(settings.resolved_database_url)
     try:
         with transaction(db.writer) as session:
@@ -498,7 +487,7 @@ def test_a_training_whose_examples_changed_fails_before_it_runs(server: Server) 
     dataset_id, ids, labels = make_dataset(admin)
     r = submit(admin, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP)
     assert r.status_code == 201, r.text
-    db = connect(_settings(server).resolved_database_url)
+    db = connect(server.settings.resolved_database_url)
     try:
         with transaction(db.writer) as session:
             row = session.get(Training, r.json()["id"])
@@ -526,9 +515,9 @@ def test_startup_sweep_sets_aside_unreferenced_training_files(
     queued = submit(client, dataset_id, tabular(ids[:88], labels[:88]), epsilon=1,
                     delta=1e-5, idempotency_key="queued", **CHEAP).json()  # fmt: skip
 
-    source = _settings(server).trainings_dir
+    source = server.settings.trainings_dir
     fresh = make_server()
-    root = _settings(fresh).trainings_dir
+    root = fresh.settings.trainings_dir
     features, models, tmp = root / "features", root / "models", root / "tmp"
     for directory in (features, models, tmp):
         directory.mkdir(parents=True)
@@ -599,7 +588,7 @@ def test_an_interrupted_training_goes_on_from_its_checkpoint(server: Server, gra
     from label_party.trainings.training import write_checkpoint
 
     _admin, client, dataset_id, ids, labels = granted
-    settings = _settings(server)
+    settings = server.settings
     spec = {**CHEAP, "epochs": 4, "expected_batch_size": 50}
     ours = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5, **spec).json()
     other = submit(client, dataset_id, tabular(ids, labels), epsilon=2, delta=1e-5,
@@ -643,11 +632,11 @@ def test_labels_replaced_while_the_plan_is_computed_spend_nothing(
         return plan
 
     monkeypatch.setattr(service, "_plan", plan_while_labels_change)
-    db = connect(_settings(server).resolved_database_url)
+    db = connect(server.settings.resolved_database_url)
     spec = service.parse_spec(json.dumps({"epsilon": 1, **CHEAP}))
     try:
         with pytest.raises(ConflictError, match="labels changed"), transaction(db.writer) as s:
-            service.create(s, _settings(server), Principal(ADMIN_ID, "admin"), dataset_id,
+            service.create(s, server.settings, Principal(ADMIN_ID, "admin"), dataset_id,
                            spec, io.BytesIO(tabular(ids, labels)), "parquet",
                            unlocked=db.reader)  # fmt: skip
     finally:
@@ -664,7 +653,7 @@ def test_a_cancelled_training_s_checkpoint_goes_when_its_worker_stops(
     from label_party.storage import training_checkpoint_path
 
     _admin, client, dataset_id, ids, labels = granted
-    settings = _settings(server)
+    settings = server.settings
     cancelled = submit(client, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP).json()
     taken_over = submit(client, dataset_id, tabular(ids, labels), epsilon=1,
                         idempotency_key="queued", **CHEAP).json()  # fmt: skip
@@ -695,7 +684,7 @@ def test_a_worker_that_lost_its_training_leaves_the_new_owner_s_checkpoint(
     from label_party.trainings.training import read_checkpoint, write_checkpoint
 
     _admin, client, dataset_id, ids, labels = granted
-    settings = _settings(server)
+    settings = server.settings
     queued = submit(client, dataset_id, tabular(ids, labels), epsilon=1, **CHEAP).json()
     path = training_checkpoint_path(settings, queued["id"])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -791,7 +780,7 @@ def test_a_training_whose_worker_died_reads_stalled_until_one_takes_it(
     sign); the API says ``stalled`` and ``/metrics`` counts it, so an operator can
     tell it from a live one, until a worker claims and finishes it."""
     _admin, client, dataset_id, ids, labels = granted
-    settings = _settings(server)
+    settings = server.settings
     training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5,
                       **CHEAP).json()  # fmt: skip
     stalled_before = _gauge(server, "labeldp_trainings_stalled")
@@ -824,7 +813,7 @@ def test_a_training_whose_workers_kept_dying_fails_in_the_audit_log(
     from label_party.trainings.worker import MAX_ATTEMPTS
 
     _admin, client, dataset_id, ids, labels = granted
-    settings = _settings(server)
+    settings = server.settings
     training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5,
                       idempotency_key="doomed", **CHEAP).json()  # fmt: skip
     checkpoint = training_checkpoint_path(settings, training["id"])
@@ -868,7 +857,7 @@ def test_a_training_storage_refused_is_left_to_retry_not_failed(
     assert "left to retry" in worker.stderr and "EFBIG" in worker.stderr, worker.stderr[-3000:]
     left = client.get(f"/v1/trainings/{training['id']}").json()
     assert left["status"] == "running", left  # not failed: paid for, and the disk's fault
-    db = connect(_settings(server).resolved_database_url)
+    db = connect(server.settings.resolved_database_url)
     try:
         with transaction(db.writer) as session:  # the limit's worker is gone; leases lapse
             for row in session.scalars(select(Training).where(Training.worker_id == "full-disk")):
@@ -894,7 +883,7 @@ def test_a_full_disk_gives_a_paid_training_its_attempt_back(server: Server, gran
     from label_party.storage import training_tmp_dir
 
     _admin, client, dataset_id, ids, labels = granted
-    settings = _settings(server)
+    settings = server.settings
     training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, delta=1e-5,
                       idempotency_key="disk-full", **CHEAP).json()  # fmt: skip
     with full_disk(training_tmp_dir(settings)) as full:

@@ -28,16 +28,6 @@ from tests.label_party.helpers import create_dataset, parquet_bytes
 ADMIN = Principal(ADMIN_ID, "admin")
 
 
-def _settings(server: Server) -> Settings:
-    return Settings.model_validate(
-        {
-            k.removeprefix("LABELDP_").lower(): v
-            for k, v in server.env.items()
-            if k.startswith("LABELDP_")
-        }
-    )
-
-
 def _lock_is_free(url: str, dataset_id: str) -> bool:
     """Whether another connection could lock the dataset now, without waiting."""
     if url.startswith("sqlite"):
@@ -119,7 +109,7 @@ UPLOADS = {
 def test_an_upload_reads_its_file_with_the_dataset_unlocked(server: Server, kind: str) -> None:
     store, columns = UPLOADS[kind]
     dataset_id = create_dataset(server.client(), task="classification", domain={"num_classes": 3})
-    settings = _settings(server)
+    settings = server.settings
     url = settings.resolved_database_url
     body = parquet_bytes({"example_id": ["e0", "e1", "e2", "e3"], **columns})
     source = _Probing(body, lambda: _lock_is_free(url, dataset_id))
