@@ -59,18 +59,26 @@ class Settings(BaseSettings):
     worker_lease_seconds: float = Field(default=60.0, gt=0)
     worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
     #: Largest model a training may ask for (422 above, before any budget is
-    #: spent): a physical batch's per-example gradients take 4 KiB a parameter.
+    #: spent): a physical batch's per-example gradients take 4 KiB a parameter
+    #: (measured 4.1 KiB at 1,024 examples).
     training_max_parameters: int = Field(default=1_000_000, gt=0)
     #: Largest decoded size of a training's Parquet features (413 above, refused as
     #: it is read, from its metadata where that owns up): 9 MB of zstd decoded to
     #: 2.4 GB, twice over in memory. 2 GiB holds 680,000 float32 rows of 784 pixels.
     training_max_features_bytes: int = Field(default=2 << 30, gt=0)
-    #: Largest memory a projecting denoiser may take for one example's per-class
-    #: gradients (K × parameters floats, about 12 bytes each at their peak).
+    #: Largest memory a projecting denoiser may take: its examples' recorded
+    #: forward passes and a block of per-class gradients
+    #: (:mod:`label_party.trainings.resources`; 422 above, nothing spent).
     training_max_projection_bytes: int = Field(default=4 << 30, gt=0)
     #: Most DP-SGD steps (epochs × n/B) a training may ask for (422 above, before
     #: any budget is spent): about a day at 10 steps/s on one GPU.
     training_max_steps: int = Field(default=1_000_000, gt=0)
+    #: Most example-gradients (one example's forward and backward pass) a training
+    #: may ask for, its projections' included (422 above, nothing spent;
+    #: :mod:`label_party.trainings.resources`). Measured rates: about 3,500 a second
+    #: on one CPU thread (Table-10a CNN, autodiff projection), 2.7 M on an H100
+    #: (dense projection), so the default 10¹⁰ is about an hour there.
+    training_max_example_gradients: int = Field(default=10**10, gt=0)
     #: Test-only: releases draw from a generator seeded with this and the release id.
     test_seed: int | None = None
     #: Test-only: SIGKILL the server at this point of a release.

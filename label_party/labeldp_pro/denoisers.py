@@ -50,7 +50,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
@@ -73,9 +73,9 @@ DEFAULT_SMOOTHING: Final = 0.75
 #: Appendix D.4: "we run 200 steps to solve the projection coefficients".
 DEFAULT_PROJECTION_STEPS: Final = 200
 #: Power iterations for the automatic PGD step size.
-_POWER_ITERATIONS: Final = 8
+POWER_ITERATIONS: Final = 8
 #: Per-example Jacobian entries held at once while computing column norms (64 MiB).
-_NORM_CHUNK_FLOATS: Final = 16 * 2**20
+NORM_CHUNK_FLOATS: Final = 16 * 2**20
 #: The most memory the ``dense`` backend may hold for ``G`` (1 GiB).
 DENSE_MAX_BYTES: Final = 2**30
 
@@ -206,7 +206,7 @@ class PerClassGradients:
             out: Tensor = jvp(self.stacked_losses, (self.params,), (tangent,))[1]
         return out if self.scales is None else out * self.scales
 
-    def column_norms(self, max_floats: int = _NORM_CHUNK_FLOATS) -> Tensor:
+    def column_norms(self, max_floats: int = NORM_CHUNK_FLOATS) -> Tensor:
         """``‖∇ℓ(x_i, κ)‖`` of the *raw* columns, example-major like ``G``.
 
         A block of at most ``max_floats`` Jacobian entries at a time
@@ -235,7 +235,7 @@ def _jacobian_rows(
     buffers: Params,
     inputs: Tensor,
     num_classes: int,
-    max_floats: int = _NORM_CHUNK_FLOATS,
+    max_floats: int = NORM_CHUNK_FLOATS,
 ) -> Iterator[Tensor]:
     """The raw columns of ``G`` as rows: ``[chunk·K, d]`` blocks, example-major.
 
@@ -325,6 +325,13 @@ class DensePerClassGradients:
 
 
 GradientOperator = PerClassGradients | DensePerClassGradients
+#: Called between a projection's steps; it raises to stop the run (a cancelled or
+#: shut-down training must not wait out a projection of many steps).
+Poll = Callable[[], None]
+
+
+def no_poll() -> None:
+    """The default :data:`Poll`: never stops a run."""
 
 
 def per_class_gradients(
@@ -375,7 +382,7 @@ def project_simplex(v: Tensor) -> Tensor:
     return torch.clamp(wide - tau, min=0.0).to(v.dtype)
 
 
-def estimate_step_size(op: GradientOperator, iterations: int = _POWER_ITERATIONS) -> float:
+def estimate_step_size(op: GradientOperator, iterations: int = POWER_ITERATIONS) -> float:
     """A PGD step ``η`` for §3.2's update ``α ← Proj_Δ(α − 2η Gᵀ(Gα − g̃))``.
 
     ``η = 1/(2λ̂)`` with ``λ̂`` a power-iteration estimate of ``λ_max(GᵀG)``: the
@@ -418,6 +425,7 @@ def project_convex_hull(
     steps: int = DEFAULT_PROJECTION_STEPS,
     step_size: float | None = None,
     method: ProjectionMethod = "pgd",
+    poll: Poll = no_poll,
 ) -> Tensor:
     """Coefficients ``α ∈ Δ`` of the projection of ``target`` onto ``conv(G)`` (§3.2).
 
@@ -440,6 +448,7 @@ def project_convex_hull(
     alpha = origin_weights(op)
     point, t = alpha, 1.0
     for _ in range(steps):
+        poll()
         residual = op.matvec(point) - target
         updated = project_simplex(point - 2.0 * eta * op.rmatvec(residual))
         if method == "fista":
@@ -458,6 +467,7 @@ def project_span(
     *,
     steps: int = DEFAULT_PROJECTION_STEPS,
     rtol: float = 1e-6,
+    poll: Poll = no_poll,
 ) -> Tensor:
     """Coefficients ``α`` of the projection of ``target`` onto ``span(G)`` (SELFSPAN).
 
@@ -473,6 +483,7 @@ def project_span(
     rs = torch.dot(residual, residual)
     stop = float(rs) * rtol**2
     for _ in range(steps):
+        poll()
         if float(rs) <= stop or float(rs) == 0.0:
             break
         a_dir = op.rmatvec(op.matvec(direction))
@@ -518,6 +529,7 @@ def projection_noise_bias(
     steps: int = DEFAULT_PROJECTION_STEPS,
     step_size: float | None = None,
     method: ProjectionMethod = "pgd",
+    poll: Poll = no_poll,
 ) -> Tensor:
     """An estimate of ``E[Proj(h + e)] − h``, the bias noise alone gives the
     projection, from public data only (beyond the paper; bench/README.md).
@@ -544,7 +556,7 @@ def projection_noise_bias(
         noise = torch.randn(point.shape, generator=generator, device=point.device,
                             dtype=point.dtype)  # fmt: skip
         alpha = project_convex_hull(op, point + noise_std * noise, steps=steps,
-                                    step_size=step_size, method=method)  # fmt: skip
+                                    step_size=step_size, method=method, poll=poll)  # fmt: skip
         shift = op.matvec(alpha) - point
         total = shift if total is None else total + shift
     assert total is not None
@@ -565,6 +577,7 @@ def denoise(
     vertex_clip_norm: float | None = None,
     backend: ProjectionBackend = "autodiff",
     debias: Debias | None = None,
+    poll: Poll = no_poll,
 ) -> Tensor:
     """Table 1: the denoised gradient, a flat vector like ``noisy_gradient``.
 
@@ -577,7 +590,8 @@ def denoise(
     columns does not change a span). With no examples to project on, the result
     is zero. ``backend`` picks how ``G`` is applied (module docstring).
     ``debias`` (convex hulls only) subtracts :func:`projection_noise_bias` from
-    the projection, scaled by λ like the projection it corrects.
+    the projection, scaled by λ like the projection it corrects. ``poll`` is
+    called between projection steps, and may raise to stop.
     """
     if denoiser == "noop":
         return noisy_gradient
@@ -588,17 +602,18 @@ def denoise(
     with eval_mode(model):
         if denoiser == "self-span":
             span = per_class_gradients(model, inputs, num_classes, backend=backend)
-            return span.matvec(project_span(span, noisy_gradient, steps=steps))
+            return span.matvec(project_span(span, noisy_gradient, steps=steps, poll=poll))
         op = per_class_gradients(
             model, inputs, num_classes, clip_norm=vertex_clip_norm, backend=backend
         )
         alpha = project_convex_hull(
-            op, noisy_gradient, steps=steps, step_size=step_size, method=method
+            op, noisy_gradient, steps=steps, step_size=step_size, method=method, poll=poll
         )
         denoised = op.matvec(smooth(alpha, smoothing))
         if debias is None or debias.draws == 0:
             return denoised
         bias = projection_noise_bias(op, debias.noise_std, draws=debias.draws,
                                      generator=debias.generator, steps=steps,
-                                     step_size=step_size, method=method)  # fmt: skip
+                                     step_size=step_size, method=method,
+                                     poll=poll)  # fmt: skip
         return denoised - smoothing * bias

@@ -52,9 +52,11 @@ from label_party.labeldp_pro.denoisers import (
     Debias,
     DenoiserName,
     Params,
+    Poll,
     ProjectionBackend,
     ProjectionMethod,
     denoise,
+    no_poll,
     trainable_parameters,
     unflatten,
 )
@@ -248,6 +250,15 @@ def per_example_gradients(
     model: nn.Module, params: Params, inputs: Tensor, labels: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Flat per-example gradients ``[b, d]`` and losses ``[b]`` via ``vmap(grad)``."""
+    grads, losses = _per_example_gradients(model, params, inputs, labels)
+    flat = torch.cat([g.reshape(inputs.shape[0], -1) for g in grads.values()], dim=1)
+    return flat, losses
+
+
+def _per_example_gradients(
+    model: nn.Module, params: Params, inputs: Tensor, labels: Tensor
+) -> tuple[Params, Tensor]:
+    """Per-example gradients ``{name: [b, *shape]}`` and losses ``[b]``."""
     buffers = {name: b.detach() for name, b in model.named_buffers()}
 
     def loss_one(p: Params, x: Tensor, y: Tensor) -> Tensor:
@@ -257,8 +268,7 @@ def per_example_gradients(
     grads, losses = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), randomness="different")(
         params, inputs, labels
     )
-    flat = torch.cat([g.reshape(inputs.shape[0], -1) for g in grads.values()], dim=1)
-    return flat, losses
+    return grads, losses
 
 
 def clipped_gradient_sum(
@@ -269,16 +279,30 @@ def clipped_gradient_sum(
     *,
     clip_norm: float,
     physical_batch_size: int,
+    poll: Poll = no_poll,
 ) -> tuple[Tensor, Tensor]:
-    """``Σ_i clip(g_i)`` over a batch (chunked for memory) and the summed loss."""
+    """``Σ_i clip(g_i)`` over a batch (``physical_batch_size`` examples at a time,
+    ``poll`` called before each) and the summed loss.
+
+    Each example's norm is summed over the parameters' blocks, and each block is
+    reduced by a weighted sum in place, so the per-example gradients are the only
+    copy held: 4 bytes a parameter for each example of a physical batch (as
+    :func:`clip_per_example` over a flat ``[b, d]`` matrix took three times that).
+    """
     dim = sum(p.numel() for p in params.values())
     total = torch.zeros(dim, device=inputs.device, dtype=next(iter(params.values())).dtype)
     loss_sum = torch.zeros((), device=inputs.device)
     for start in range(0, int(inputs.shape[0]), physical_batch_size):
+        poll()
         chunk = slice(start, start + physical_batch_size)
-        flat, losses = per_example_gradients(model, params, inputs[chunk], labels[chunk])
-        total += clip_per_example(flat, clip_norm).sum(dim=0)
+        grads, losses = _per_example_gradients(model, params, inputs[chunk], labels[chunk])
+        blocks = [g.reshape(g.shape[0], -1) for g in grads.values()]
+        squares = torch.stack([torch.linalg.vector_norm(b, dim=1) ** 2 for b in blocks])
+        norms = squares.sum(dim=0).sqrt()
+        factors = torch.clamp(clip_norm / torch.clamp(norms, min=1e-12), max=1.0)
+        total += torch.cat([factors @ block for block in blocks])
         loss_sum += losses.detach().sum()
+        del grads, blocks  # before the next batch's, not after
     return total, loss_sum
 
 
@@ -292,6 +316,7 @@ def train_labeldp_pro(
     generator: torch.Generator | None = None,
     noise_multiplier: float | None = None,
     checkpointing: Checkpointing | None = None,
+    poll: Poll = no_poll,
 ) -> TrainingResult:
     """Train ``model`` with LabelDP-Pro (Algorithm 1) at the configured (ε, δ).
 
@@ -301,7 +326,9 @@ def train_labeldp_pro(
     ``noise_multiplier`` is a σ calibrated beforehand (the labels party plans it
     when it accepts a training); it is re-accounted here and refused if its ε
     exceeds the configured one. ``None`` calibrates σ here. ``checkpointing``
-    saves the run's state as it goes and resumes an interrupted one.
+    saves the run's state as it goes and resumes an interrupted one. ``poll`` is
+    called many times a step (between physical batches and projection steps); an
+    exception it raises stops the run where it is (``report`` runs once a step).
     Returns the model (trained in place), its :class:`AccountingRecord` and history.
     """
     device = torch.device(config.device)
@@ -330,7 +357,7 @@ def train_labeldp_pro(
         )
 
     optimizer = _make_optimizer(model, config)
-    loop = _Loop(model, x, y, config, sigma, q, gen, optimizer)
+    loop = _Loop(model, x, y, config, sigma, q, gen, optimizer, poll)
     resume = checkpointing.resume if checkpointing is not None else None
     first = 0 if resume is None else _restore(model, optimizer, resume, total_steps)
     history: list[EpochSummary] = [] if resume is None else list(resume.history)
@@ -405,9 +432,11 @@ class _Loop:
         q: float,
         generator: torch.Generator,
         optimizer: torch.optim.Optimizer,
+        poll: Poll,
     ) -> None:
         self.model, self.x, self.y, self.config = model, x, y, config
         self.sigma, self.q, self.gen, self.optimizer = sigma, q, generator, optimizer
+        self.poll = poll
         self.n = int(x.shape[0])
 
     def step(self, stats: _EpochStats) -> None:
@@ -421,6 +450,7 @@ class _Loop:
             self.y[batch],
             clip_norm=cfg.clip_norm,
             physical_batch_size=cfg.physical_batch_size,
+            poll=self.poll,
         )
         noisy = privatize(
             clipped,
@@ -447,6 +477,7 @@ class _Loop:
             vertex_clip_norm=cfg.clip_norm if cfg.clip_vertices else None,
             backend=cfg.projection_backend,
             debias=self._debias(),
+            poll=self.poll,
         )
         self._apply(params, denoised)
         stats.add(batch.numel(), noisy, denoised, loss_sum if cfg.report_training_loss else None)

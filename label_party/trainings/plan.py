@@ -111,7 +111,7 @@ def noise_plan(
             "features cover a single labelled example): give a smaller delta"
         )
     steps_per_epoch = max(1, round(n / batch))
-    steps = int(spec["epochs"]) * steps_per_epoch
+    steps = total_steps(n, batch, int(spec["epochs"]))
     if max_steps is not None and steps > max_steps:
         raise InfeasiblePlanError(
             f"{spec['epochs']} epochs of {steps_per_epoch} steps (expected batch size "
@@ -154,6 +154,11 @@ def noise_plan(
         steps_per_epoch=steps_per_epoch,
         amplification=amplification,
     )
+
+
+def total_steps(num_examples: int, expected_batch_size: int, epochs: int) -> int:
+    """T: ``epochs`` of ``max(1, round(n / B))`` steps, as the trainer counts them."""
+    return epochs * max(1, round(num_examples / expected_batch_size))
 
 
 def check_ran_as_planned(plan: Mapping[str, Any], accounting: Mapping[str, Any]) -> None:

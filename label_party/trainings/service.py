@@ -74,7 +74,7 @@ from label_party.storage import (
     training_model_path,
     training_tmp_dir,
 )
-from label_party.trainings import repository
+from label_party.trainings import repository, resources
 from label_party.trainings.plan import InfeasiblePlanError, noise_plan
 from label_party.trainings.schemas import TrainingRead, TrainingSpec
 from shared.columns import ColumnTypeError, as_keys, as_numbers
@@ -253,38 +253,6 @@ def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, 
     return data, delta
 
 
-#: Bytes a projection takes per class and parameter of one example at its peak
-#: (the float32 Jacobian and autodiff's intermediates; 860 MiB measured for 67 M).
-PROJECTION_BYTES_PER_FLOAT = 12
-
-
-def _check_model_size(settings: Settings, resolved: dict[str, Any], num_features: int) -> None:
-    """422 for a model the worker could not hold: per-example gradients take
-    4 bytes a parameter for each example of a physical batch (up to 1,024)."""
-    from label_party.trainings.training import parameter_count
-
-    num_classes = int(resolved["num_classes"])
-    count = parameter_count(resolved, num_features, num_classes)
-    limit = settings.training_max_parameters
-    if count > limit:
-        raise InvalidRequestError(
-            f"the {resolved['architecture']} has {count:,} parameters; this labels party "
-            f"trains models of at most {limit:,} (LABELDP_TRAINING_MAX_PARAMETERS)",
-            {"parameters": count, "limit": limit},
-        )
-    # A projecting denoiser computes one example's per-class gradients at a time.
-    needed = PROJECTION_BYTES_PER_FLOAT * num_classes * count
-    allowed = settings.training_max_projection_bytes
-    if resolved["denoiser"] != "noop" and needed > allowed:
-        raise InvalidRequestError(
-            f"the {resolved['denoiser']} projection needs about {needed / 2**30:.1f} GiB "
-            f"for one example's gradients ({num_classes:,} classes × {count:,} parameters); "
-            f"this labels party allows {allowed / 2**30:.1f} GiB "
-            "(LABELDP_TRAINING_MAX_PROJECTION_BYTES): use a smaller model or the noop denoiser",
-            {"projection_bytes": needed, "limit": allowed},
-        )
-
-
 def _plan(resolved: dict[str, Any], n: int, max_steps: int) -> dict[str, Any]:
     """The noise plan the worker will train with, or 422 (nothing spent)."""
     started = time.perf_counter()
@@ -350,7 +318,7 @@ def _draft(
         raise InvalidRequestError("no feature row matches a labelled example_id")
     resolved, delta = _resolved(spec, n, table.num_columns - 1)
     resolved["num_classes"] = domain.size
-    _check_model_size(settings, resolved, table.num_columns - 1)
+    resources.check(settings, resolved, n, table.num_columns - 1)
     # Before anything is reserved: a spec the worker could not calibrate is
     # refused here, not discovered after its budget was spent.
     resolved["plan"] = _plan(resolved, n, settings.training_max_steps)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from label_party.labeldp_pro.denoisers import CONVEX_HULL_DENOISERS
+from label_party.labeldp_pro.denoisers import CONVEX_HULL_DENOISERS, Poll, no_poll
 from label_party.labeldp_pro.dpsgd import (
     Checkpoint,
     Checkpointing,
@@ -81,6 +81,23 @@ def parameter_count(spec: dict[str, Any], num_features: int, num_classes: int) -
     return sum(p.numel() for p in model.parameters())
 
 
+def activation_count(spec: dict[str, Any], num_features: int, num_classes: int) -> int:
+    """Floats one example's forward pass holds: its input and every layer's output,
+    counted on the meta device without computing anything."""
+    outputs = [num_features]
+
+    def record(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+        outputs.append(output.numel())
+
+    with torch.device("meta"):
+        model = build(spec, num_features, num_classes)
+        for module in model.modules():
+            if next(module.children(), None) is None:  # a layer, not a container
+                module.register_forward_hook(record)
+        model(torch.empty(1, num_features))
+    return sum(outputs)
+
+
 def config_for(spec: dict[str, Any], num_classes: int, device: str) -> LabelDPProConfig:
     options = {k: spec[k] for k in _PASSED if spec.get(k) is not None}
     return LabelDPProConfig(
@@ -100,11 +117,13 @@ def train(
     report: Callable[[dict[str, Any]], None],
     seed: int | None,
     checkpoint_file: Path | None = None,
+    poll: Poll = no_poll,
 ) -> TrainingResult:
     """Run LabelDP-Pro. ``seed`` (test mode only) fixes the generator; otherwise the
     library draws a fresh OS seed (DESIGN.md §3.5). With ``checkpoint_file`` the
     run saves its state there about :data:`CHECKPOINTS_PER_RUN` times and, if the
-    file holds a checkpoint of this plan, goes on from it."""
+    file holds a checkpoint of this plan, goes on from it. ``poll`` runs many times
+    a step (:func:`train_labeldp_pro`) and raises to stop the run."""
     model = build(spec, data.features.shape[1], data.num_classes)
     config = config_for(spec, data.num_classes, device)
     generator = None
@@ -133,6 +152,7 @@ def train(
         generator=generator,
         noise_multiplier=planned_sigma(spec),
         checkpointing=None if checkpoint_file is None else _checkpointing(spec, checkpoint_file),
+        poll=poll,
     )
 
 

@@ -21,7 +21,8 @@ Postgres, one worker on SQLite). For each training it
    transaction guarded on the lease (a worker that lost its lease writes nothing).
 
 A heartbeat thread renews the lease and publishes progress; a training that is
-cancelled, or taken over after this worker stalled, stops at the next step.
+cancelled, or taken over after this worker stalled, stops where it is, within a
+step's projection or between its physical batches, not only between steps.
 Nothing is refunded when a training fails (see :mod:`label_party.trainings.service`),
 so storage refusing a write (a full disk, ``shared.errors.STORAGE_ERRNOS``) does not
 fail it: the worker gives back the claim's attempt and leaves the training to its
@@ -268,10 +269,13 @@ class Worker(PollingWorker):
 
         device = resolve_device(self.settings.training_device)
 
-        def report(progress: dict[str, Any]) -> None:
-            shared.progress = progress
+        def poll() -> None:  # many times a step: within a long projection too
             if shared.stop.is_set() or self.shutdown.is_set():
                 raise TrainingInterruptedError("stop requested")
+
+        def report(progress: dict[str, Any]) -> None:
+            shared.progress = progress
+            poll()
 
         started = time.perf_counter()
         result = training.train(
@@ -281,6 +285,7 @@ class Worker(PollingWorker):
             report=report,
             seed=self.settings.test_seed,
             checkpoint_file=training_checkpoint_path(self.settings, training_id),
+            poll=poll,
         )
         metrics = {
             "seconds": time.perf_counter() - started,

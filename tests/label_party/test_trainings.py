@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -375,7 +376,12 @@ def test_refusals_before_any_spend(server: Server, granted: Any, tmp_path: Path)
         # 2·10⁶ steps (10⁴ epochs of 200): past LABELDP_TRAINING_MAX_STEPS, paid, never done.
         (
             tabular(ids, labels),
-            {"architecture": "mlp", "epochs": 10_000, "expected_batch_size": 1},
+            {
+                "architecture": "mlp",
+                "epochs": 10_000,
+                "expected_batch_size": 1,
+                "denoiser": "noop",
+            },  # a projection would be past the compute bound first
             "LABELDP_TRAINING_MAX_STEPS",
         ),
     ]
@@ -645,6 +651,46 @@ def test_labels_replaced_while_the_plan_is_computed_spend_nothing(
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
 
 
+def _wait_until_running(client: httpx.Client, training_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while client.get(f"/v1/trainings/{training_id}").json()["status"] != "running":
+        assert time.monotonic() < deadline, "the worker never started the training"
+        time.sleep(0.1)
+
+
+def test_a_shut_down_or_cancelled_training_stops_within_a_long_projection(
+    server: Server, granted: Any
+) -> None:
+    """Shutdown and cancel were honoured only between DP-SGD steps, and a step of
+    100,000 projection steps takes minutes: SIGTERM's grace ran out and the worker
+    was killed (three kills fail a paid training). Both now stop inside the step."""
+    _admin, client, dataset_id, ids, labels = granted
+    spec = {"architecture": "mlp", "hidden": [8], "epochs": 1, "alt_batch_size": 64,
+            "projection_steps": 100_000}  # one DP-SGD step (B = n) of minutes  # fmt: skip
+    training = submit(client, dataset_id, tabular(ids, labels), epsilon=1, **spec).json()
+    db = connect(server.settings.resolved_database_url)
+    try:
+        for stop in ("shutdown", "cancel"):
+            worker = Worker(db, server.settings, worker_id=f"worker-{stop}")
+            thread = threading.Thread(target=worker.run, kwargs={"once": True})
+            thread.start()
+            _wait_until_running(client, training["id"])
+            time.sleep(1)  # well into the projection
+            stopped = time.monotonic()
+            if stop == "shutdown":
+                worker.shutdown.set()
+            else:
+                assert client.delete(f"/v1/trainings/{training['id']}").status_code == 200
+            thread.join(timeout=60)
+            assert not thread.is_alive()
+            # The heartbeat finds a cancel within LABELDP_WORKER_HEARTBEAT_SECONDS (5).
+            assert time.monotonic() - stopped < 15
+            status = client.get(f"/v1/trainings/{training['id']}").json()["status"]
+            assert status == ("queued" if stop == "shutdown" else "cancelled")
+    finally:
+        db.dispose()
+
+
 def test_a_cancelled_training_s_checkpoint_goes_when_its_worker_stops(
     server: Server, granted: Any
 ) -> None:
@@ -741,7 +787,7 @@ def test_the_spec_may_come_as_a_file_part(server: Server, granted: Any) -> None:
 
 
 def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> None:
-    """A projecting denoiser computes one example's K × d per-class gradients: with
+    """A projecting denoiser computes per-class gradients K × d at a time: with
     1,000 classes a 516k-parameter MLP (within the parameter limit) needs about
     6 GiB, past LABELDP_TRAINING_MAX_PROJECTION_BYTES (4 GiB), refused before
     anything is spent; the noop denoiser projects nothing."""
@@ -756,8 +802,10 @@ def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> No
     spec = {"epsilon": 1, "architecture": "mlp", "hidden": [512], "alt_batch_size": 8}
     r = submit(admin, dataset_id, tabular(ids, labels), **spec)
     assert r.status_code == 422, r.text
-    assert r.json()["detail"]["projection_bytes"] == 12 * 1000 * 515_560, r.text
-    spec["hidden"] = [128, 64]  # the default MLP: 0.9 GiB, well within
+    detail = r.json()["detail"]
+    assert detail["projection_bytes"] > 12 * 1000 * 515_560 and detail["limit"] == 4 << 30
+    assert detail["projection_examples"] == 8
+    spec["hidden"] = [128, 64]  # the default MLP: about 1 GiB, well within
     assert submit(admin, dataset_id, tabular(ids, labels), **spec).status_code == 201
     spec["hidden"] = [512]
     r = submit(admin, dataset_id, tabular(ids, labels), **spec, denoiser="noop")
@@ -765,6 +813,29 @@ def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> No
     r = admin.post(f"/v1/datasets/{dataset_id}/trainings", data={"spec": json.dumps(spec)},
                    files={"file": ("features.xlsx", b"PK\x03\x04")})  # fmt: skip
     assert r.status_code == 422 and r.json()["error"] == "invalid_request"
+
+
+def test_a_projection_over_too_many_examples_or_steps_is_refused(make_server: Any) -> None:
+    """The projection's memory grows with the examples it spans (alt_batch_size, or
+    the batch for self-*) and its compute with them times projection_steps: n₂ = n
+    took 0.25 GB per 1,000 examples and 100,000 steps hours a step, accepted and
+    paid for. Both are refused before anything is spent."""
+    server = make_server(LABELDP_TRAINING_MAX_PROJECTION_BYTES=str(300 << 20),
+                         LABELDP_TRAINING_MAX_EXAMPLE_GRADIENTS=str(10**7)).start()  # fmt: skip
+    admin = server.client()
+    dataset_id, ids, labels = make_dataset(admin)
+    features = images(ids, labels)
+    r = submit(admin, dataset_id, features, epsilon=1, alt_batch_size=len(ids))
+    assert r.status_code == 422 and "alt_batch_size" in r.json()["message"], r.text
+    assert r.json()["detail"]["projection_examples"] == len(ids)
+    r = submit(admin, dataset_id, features, epsilon=1, denoiser="self-conv")
+    assert r.status_code == 422 and "the batch" in r.json()["message"], r.text
+    r = submit(admin, dataset_id, features, epsilon=1, projection_steps=100_000)
+    assert r.status_code == 422 and "projection_steps" in r.json()["message"], r.text
+    assert r.json()["detail"]["limit"] == 10**7
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
+    r = submit(admin, dataset_id, features, epsilon=1, **FAST)
+    assert r.status_code == 201, r.text
 
 
 def _gauge(server: Server, name: str) -> float:

@@ -84,8 +84,12 @@ def test_per_example_gradients_match_autograd_and_sum_is_clipped() -> None:
         grads = torch.autograd.grad(loss, list(model.parameters()))
         torch.testing.assert_close(flat[i], torch.cat([g.reshape(-1) for g in grads]))
         torch.testing.assert_close(losses[i], loss.detach())
-    total, _ = clipped_gradient_sum(model, params, x, y, clip_norm=0.1, physical_batch_size=4)
-    torch.testing.assert_close(total, clip_per_example(flat, 0.1).sum(dim=0))
+    # Some rows clipped and some kept: the sum, taken a block of parameters at a
+    # time, is that of the flat rows clipped.
+    median = float(torch.linalg.vector_norm(flat, dim=1).median())
+    for clip in (0.1, median):
+        total, _ = clipped_gradient_sum(model, params, x, y, clip_norm=clip, physical_batch_size=4)
+        torch.testing.assert_close(total, clip_per_example(flat, clip).sum(dim=0))
 
 
 def test_noise_std_is_sigma_c_over_expected_batch() -> None:
@@ -330,3 +334,31 @@ def test_a_run_that_diverges_says_so(denoiser: str) -> None:
     with pytest.raises(DivergedError, match="smaller learning_rate or clip_norm"):
         train_labeldp_pro(_linear(), x, y, config=config,
                           generator=torch.Generator().manual_seed(1))  # fmt: skip
+
+
+class _StopError(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("denoiser", "physical_batch_size"), [("alt-conv", 1024), ("self-span", 1024), ("noop", 1)]
+)
+def test_poll_stops_a_run_within_its_first_step(denoiser: str, physical_batch_size: int) -> None:
+    """A cancelled training must not wait out a step: ``poll`` runs before each
+    physical batch and each projection step, and what it raises ends the run there
+    (with one physical batch, the 2nd to 5th polls are the projection's)."""
+    x, y = _blobs(400, seed=2)
+    calls: list[int] = []
+
+    def poll() -> None:
+        calls.append(1)
+        if len(calls) == 5:
+            raise _StopError
+
+    reports: list[ProgressEvent] = []
+    config = _config(denoiser=denoiser, expected_batch_size=200, projection_steps=50,
+                     physical_batch_size=physical_batch_size, epochs=1)  # fmt: skip
+    with pytest.raises(_StopError):
+        train_labeldp_pro(_linear(), x, y, config=config, report=reports.append, poll=poll,
+                          generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert reports == [] and len(calls) == 5  # stopped inside step 1
