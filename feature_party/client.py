@@ -390,7 +390,10 @@ class LabelsPartyClient:
         try:
             for _try in range(_INTEGRITY_TRIES):
                 sha, announced = self._retrying(attempt, idempotent=True, what=what, streaming=True)
-                wrong = [e for e in (expected_sha256, announced) if e and sha != e.lower()]
+                # An expected hash that is present but empty is wrong, not unchecked.
+                wrong = [
+                    e for e in (expected_sha256, announced) if e is not None and sha != e.lower()
+                ]
                 if not wrong:
                     os.replace(tmp, dest)
                     return sha
@@ -427,18 +430,24 @@ class LabelsPartyClient:
         return self._object("GET", f"/v1/trainings/{path_segment(training_id)}")
 
     def download_model(
-        self, training_id: str, dest: Path, *, expected_sha256: str | None = None
+        self,
+        training_id: str,
+        dest: Path,
+        *,
+        expected_sha256: str | None = None,
+        max_bytes: int | None = None,
     ) -> str:
         """Stream a trained model's artifact to ``dest`` and return its SHA-256. A
         hash that differs from ``expected_sha256`` (or from the response's
         ``X-Content-SHA256``) raises :class:`ReleaseIntegrityError` and leaves
-        nothing at ``dest``."""
+        nothing at ``dest``; so does a file past ``max_bytes``."""
         return self._download(
             f"/v1/trainings/{path_segment(training_id)}/model",
             dest,
             expected_sha256=expected_sha256,
             what=f"training {training_id} model",
             accept="application/octet-stream",
+            max_bytes=max_bytes,
         )
 
     # -- clients, grants, audit -----------------------------------------------------

@@ -54,18 +54,36 @@ def as_keys(column: Column, name: str) -> Column:
     raise ColumnTypeError(f"{name} must be text or integers; the file's column is {column.type}")
 
 
+#: How text spells a boolean where a CSV reader infers one (pyarrow's defaults
+#: without "1"/"0"): each is the category its boolean casts to.
+_TRUE_SPELLINGS = pa.array(["True", "TRUE"], type=pa.string())
+_FALSE_SPELLINGS = pa.array(["False", "FALSE"], type=pa.string())
+
+
 def as_categories(column: Column, name: str) -> Column:
-    """A categorical column as strings: text, integers, booleans or floats (as written)."""
+    """A categorical column as strings: text, integers, booleans or floats (as written).
+
+    A boolean is ``"true"``/``"false"``, and so is its text spelling (``True``,
+    ``TRUE``, …): a CSV column of ``True``/``False`` is read as booleans when its
+    type is inferred (a feature set's undeclared column) and as text when it is
+    not (a declared categorical column, or any categorical column of a prediction
+    file), and JSON rows give booleans; all must name the same category.
+    """
     column = _decoded(column)
     dtype = column.type
-    if (
+    if not (
         _is_text(dtype)
         or _is_number(dtype)
         or pa.types.is_boolean(dtype)
         or pa.types.is_null(dtype)
     ):
-        return _cast(column, pa.string())
-    raise ColumnTypeError(f"column {name!r} cannot be a category: its type is {dtype}")
+        raise ColumnTypeError(f"column {name!r} cannot be a category: its type is {dtype}")
+    text = _cast(column, pa.string())
+    if not _is_text(dtype):
+        return text
+    text = pc.if_else(pc.is_in(text, value_set=_TRUE_SPELLINGS), "true", text)
+    spelled: Column = pc.if_else(pc.is_in(text, value_set=_FALSE_SPELLINGS), "false", text)
+    return spelled
 
 
 def as_numbers(column: Column, name: str, dtype: pa.DataType | None = None) -> Column:

@@ -26,6 +26,13 @@ PARQUET_MEDIA_TYPE = "application/vnd.apache.parquet"
 Task = Literal["regression", "classification"]
 
 
+#: A SHA-256 as the labels party writes it: 64 lowercase hex digits. A file is
+#: named and checked by it, so anything else (empty: no check, and every such
+#: release one file) is refused as the manifest is read.
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN)]
+
+
 class ErrorBody(BaseModel):
     """Every error response: a stable code, a human message, optional detail."""
 
@@ -97,7 +104,7 @@ class ReleaseRead(BaseModel):
     mechanism: MechanismDescription
     prior: list[float] | None = None
     num_labels: int
-    sha256: str
+    sha256: Sha256
     parts: list[str] | None = None
     idempotency_key: str | None = None
     created_at: datetime
@@ -122,5 +129,5 @@ class PriorSetRead(BaseModel):
     num_unmatched: int | None = Field(
         default=None, description="the upload's answer only: rows the labels then lacked"
     )
-    sha256: str
+    sha256: Sha256
     created_at: datetime

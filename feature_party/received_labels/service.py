@@ -46,6 +46,7 @@ from feature_party.received_labels.schemas import ReceivedLabelsCreate, Received
 from feature_party.training.dataset import count_join
 from shared.errors import storage_problem
 from shared.pagination import Pager
+from shared.parquet import ParquetTooLargeError, read_parquet_bounded
 from shared.protocol import ReleaseRead
 from shared.spending import merged_key
 
@@ -252,11 +253,21 @@ def _store(
     """Check the downloaded release against its manifest, count its join with the
     feature set and move it into place: (matched, unmatched, its relative path)."""
     try:
-        labels = pq.read_table(tmp)
+        names = pq.ParquetFile(tmp).schema_arrow.names
+        if not {"example_id", "label"} <= set(names):
+            raise _integrity("the release lacks example_id or label columns", manifest.id)
+        # Its two columns only, bounded as an upload is: 1.5 kB of a padded release
+        # decoded to 1 GB when read whole.
+        labels = read_parquet_bounded(tmp, columns=["example_id", "label"])
+    except ParquetTooLargeError as exc:
+        raise _integrity(
+            f"the release decodes to more than {exc.limit:,} bytes for its size", manifest.id
+        ) from None
     except (pa.ArrowInvalid, OSError) as exc:
         raise _integrity(f"the release is not a Parquet file: {exc}", manifest.id) from None
-    if not {"example_id", "label"} <= set(labels.column_names):
-        raise _integrity("the release lacks example_id or label columns", manifest.id)
+    kind = labels.schema.field("label").type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        raise _integrity(f"the release's labels are {kind}, not numbers", manifest.id)
     if labels.num_rows != manifest.num_labels:
         raise _integrity(
             f"the release holds {labels.num_rows} rows, the manifest says {manifest.num_labels}",

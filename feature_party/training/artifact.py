@@ -117,21 +117,55 @@ class Predictor:
 
 
 def load_artifact(path: Path) -> Predictor:
+    """The artifact at ``path`` as a :class:`Predictor`; ``ValueError`` (or torch's
+    own errors) for one that is not a model this service can run.
+
+    An imported artifact is another party's file: its architecture is built on the
+    meta device first and must match its weights' shapes (a 1.5 kB artifact
+    declaring ``hidden: [20000, 20000]`` allocated 1.8 GB before being refused),
+    and one zero row must go through it to one output per class or value (a model
+    wider than its preprocessing answered every prediction with a 500)."""
     blob = torch.load(path, map_location="cpu", weights_only=True)
     if blob.get("format") not in _READABLE:
         raise ValueError(f"unknown model artifact format {blob.get('format')!r}")
-    model = build_model(model_config_from_dict(blob["model"]))
+    config = model_config_from_dict(blob["model"])
+    _check_shapes(config, blob["state_dict"])
+    model = build_model(config)
     model.load_state_dict(blob["state_dict"])
     model.eval()
     num_classes = blob["num_classes"]
     # The debiased loss predicts like plain cross-entropy; no matrix needed here.
     loss_name: LossName = "cross-entropy" if num_classes else blob["loss"]
-    return Predictor(
+    predictor = Predictor(
         model=model,
         preprocessing=Preprocessing.from_dict(blob["preprocessing"]),
         loss=make_loss(loss_name, num_classes=num_classes),
         task=blob["task"],
     )
+    _probe(predictor)
+    return predictor
+
+
+def _check_shapes(config: Any, state_dict: dict[str, torch.Tensor]) -> None:
+    with torch.device("meta"):
+        declared = {k: tuple(v.shape) for k, v in build_model(config).state_dict().items()}
+    held = {k: tuple(v.shape) for k, v in state_dict.items()}
+    if declared != held:
+        raise ValueError("the model's architecture does not match its weights")
+
+
+def _probe(predictor: Predictor) -> None:
+    """One zero row through the model: its inputs and outputs must fit."""
+    prep = predictor.preprocessing
+    numeric = torch.zeros(1, len(prep.numeric))
+    categorical = torch.zeros(1, len(prep.categorical), dtype=torch.int64)
+    with torch.no_grad():
+        out = predictor.model(numeric, categorical)
+    if tuple(out.shape) != (1, predictor.loss.outputs):
+        raise ValueError(
+            f"the model gives {tuple(out.shape)[1:]} outputs a row, "
+            f"its loss needs {predictor.loss.outputs}"
+        )
 
 
 def init_model_problem(

@@ -85,7 +85,9 @@ class Preprocessing:
             numeric[:, j] = np.clip(scaled, -_FLOAT32_MAX, _FLOAT32_MAX)
         categorical = np.zeros((n, len(self.categorical)), dtype=np.int64)
         for j, name in enumerate(self.categorical):
-            vocab = pa.array(self.vocabularies[j], type=pa.string())
+            # Spelled as the values are (a model from before booleans' text
+            # spelling was one category learned "True").
+            vocab = as_categories(pa.array(self.vocabularies[j], type=pa.string()), name)
             idx = pc.index_in(as_categories(table.column(name), name), value_set=vocab)
             categorical[:, j] = pc.fill_null(idx, -1).to_numpy() + 1
         return Tensors(torch.from_numpy(numeric), torch.from_numpy(categorical))

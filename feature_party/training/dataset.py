@@ -35,11 +35,19 @@ class TrainingData:
     num_classes: int | None
 
 
+#: The received label's column in a join: a name no feature column is expected to
+#: take (a feature named ``label`` made two columns of that name, and the job failed).
+TARGET = "__labeldp_target"
+
+
 def join_features_labels(features: pa.Table, labels: pa.Table) -> pa.Table:
-    """Inner join on ``example_id`` (both sides string); keeps ``label``."""
+    """Inner join on ``example_id`` (both sides string); the label as :data:`TARGET`."""
+    if TARGET in features.column_names:
+        raise ValueError(f"a feature column may not be named {TARGET!r}")
     labels = labels.select(["example_id", "label"]).cast(
         pa.schema([("example_id", pa.string()), ("label", pa.float64())])
     )
+    labels = labels.rename_columns(["example_id", TARGET])
     joined = features.join(labels, keys="example_id", join_type="inner", use_threads=True)
     # Hash joins do not keep order; sort so a seed gives the same split everywhere.
     return joined.sort_by("example_id")
@@ -66,11 +74,13 @@ def load_training_data(
     loss. Raises ``ValueError`` with a user-facing message on unusable data."""
     columns = ["example_id", *roles.numeric, *roles.categorical]
     features = pq.read_table(features_path, columns=columns)
-    joined = join_features_labels(features, pq.read_table(labels_path))
+    joined = join_features_labels(
+        features, pq.read_table(labels_path, columns=["example_id", "label"])
+    )
     n = joined.num_rows
     if n == 0:
         raise ValueError("no example of the feature set has a received label")
-    targets = np.asarray(joined.column("label").to_numpy(), dtype=np.float64)
+    targets = np.asarray(joined.column(TARGET).to_numpy(), dtype=np.float64)
     if not np.isfinite(targets).all():
         raise ValueError("the release holds non-finite labels")
 

@@ -880,6 +880,25 @@ def test_a_release_with_repeated_ids_is_refused(
     assert not (settings.data_dir / "received").exists()
 
 
+def test_a_release_is_read_by_its_two_columns_and_its_labels_must_be_numbers(
+    client: httpx.Client, settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    """A release was read whole (1.5 kB of padding decoded to 1 GB) and text labels
+    were accepted, to fail later in a job: now only example_id and label are
+    read, and labels that are not numbers are the release's integrity error."""
+    fs = upload(client, synthetic(20).features)
+    ids = [f"ex{i}" for i in range(20)]
+    padded = pa.table({"example_id": ids, "label": [1.0] * 20, "pad": [b"x" * 1000] * 20})
+    labels_party.labels, labels_party.num_labels = parquet_bytes(padded), 20
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 201 and r.json()["matched"] == 20, r.text
+    labels_party.labels = parquet_bytes(pa.table({"example_id": ids, "label": ["a"] * 20}))
+    release = {"mechanism": {"name": "laplace"}, "epsilon": 1.0, "idempotency_key": "text"}
+    r = receive(client, labels_party, fs["id"], release=release)
+    assert r.status_code == 502 and r.json()["error"] == "release_integrity_error", r.text
+    assert "not numbers" in r.json()["message"]
+
+
 def test_model_import_refuses_odd_ids_and_odd_answers(client: httpx.Client) -> None:
     from fastapi import FastAPI
 
@@ -900,13 +919,48 @@ def test_model_import_refuses_odd_ids_and_odd_answers(client: httpx.Client) -> N
         assert r.json()["detail"]["training_id"] == "t-1"
 
 
-@pytest.mark.parametrize("artifact", [b"not a torch file", b""], ids=["garbage", "empty"])
+def _artifact_bytes(*, hidden: list[int] | None = None, num_numeric: int = 2) -> bytes:
+    """A small MLP's artifact; ``hidden`` overrides the architecture it declares and
+    ``num_numeric`` the width its preprocessing feeds."""
+    from shared.artifact import model_artifact
+    from shared.torch_models import TabularMLP, TabularMLPConfig
+
+    model = TabularMLP(TabularMLPConfig(num_numeric=2, hidden=(4,), outputs=3))
+    config = model.config.to_dict()
+    config["hidden"] = hidden or config["hidden"]
+    names = [f"x{i}" for i in range(num_numeric)]
+    blob = model_artifact(model=model, model_config=config, task="classification",
+                          preprocessing={"numeric": names, "means": [0.0] * num_numeric,
+                                         "stds": [1.0] * num_numeric, "categorical": [],
+                                         "vocabularies": []},
+                          loss="cross-entropy", num_classes=3, training={}, metrics={})  # fmt: skip
+    buffer = io.BytesIO()
+    torch.save(blob, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "artifact",
+    [b"not a torch file", b"", "huge", "too wide"],
+    ids=["garbage", "empty", "declares-more-than-it-holds", "wider-than-its-preprocessing"],
+)
 def test_a_model_that_does_not_load_is_a_502_and_leaves_nothing(
-    client: httpx.Client, settings: Settings, artifact: bytes
+    client: httpx.Client, settings: Settings, artifact: bytes | str
 ) -> None:
     """Bytes that match their hash but are no model (a labels party's bug, a wrong
-    file): 502 ``invalid_model``, not a 500, and no file kept under models/."""
+    file): 502 ``invalid_model``, not a 500, and no file kept under models/. A
+    1.5 kB artifact declaring hidden [20000, 20000] allocated 1.8 GB before its
+    weights were found not to fit; one wider than its preprocessing was
+    registered and then answered every prediction with a 500."""
     import hashlib
+
+    why = {"huge": "architecture does not match its weights", "too wide": "mat1 and mat2"}
+    reason = why.get(artifact) if isinstance(artifact, str) else None
+    if artifact == "huge":
+        artifact = _artifact_bytes(hidden=[20_000, 20_000])
+    elif artifact == "too wide":
+        artifact = _artifact_bytes(num_numeric=3)
+    assert isinstance(artifact, bytes)
 
     from fastapi import FastAPI, Response
 
@@ -928,8 +982,39 @@ def test_a_model_that_does_not_load_is_a_502_and_leaves_nothing(
         body = {"labels_party_url": url, "token": TOKEN, "training_id": "t-1"}
         r = client.post("/v1/models/import", headers=AUTH, json=body)
     assert r.status_code == 502 and r.json()["error"] == "invalid_model", r.text
+    assert reason is None or reason in r.json()["message"]  # refused before it is built
     assert r.json()["detail"]["training_id"] == "t-1"
     assert not list((settings.data_dir / "models").rglob("*.pt"))
+
+
+@pytest.mark.parametrize("sha", ["../../../escaped/x", ""], ids=["a-path", "empty"])
+def test_a_training_whose_sha256_is_no_hash_is_refused_before_a_file_is_named(
+    client: httpx.Client, settings: Settings, sha: str
+) -> None:
+    """The training's sha256 named the download's file before it was checked: a
+    labels party answering "../../../escaped/x" made a directory outside the data
+    directory and wrote its bytes there."""
+    from fastapi import FastAPI, Response
+
+    from tests.feature_party.fake_labels_party import serve_app
+
+    other = FastAPI()
+
+    @other.get("/v1/trainings/{training_id}")
+    def training(training_id: str) -> dict[str, str]:
+        return {"id": training_id, "status": "succeeded", "sha256": sha or " "}
+
+    @other.get("/v1/trainings/{training_id}/model")
+    def model(training_id: str) -> Response:
+        return Response(b"bytes", media_type="application/octet-stream")
+
+    with serve_app(other) as url:
+        body = {"labels_party_url": url, "token": TOKEN, "training_id": "t-1"}
+        r = client.post("/v1/models/import", headers=AUTH, json=body)
+    assert r.status_code == 502 and r.json()["error"] == "release_integrity_error", r.text
+    assert "64 hex digits" in r.json()["message"]
+    assert not (settings.data_dir.parent / "escaped").exists()
+    assert not (settings.data_dir / "models").exists()
 
 
 def test_declared_categorical_csv_columns_are_read_as_text(tmp_path: Path) -> None:

@@ -151,6 +151,37 @@ def test_an_answer_of_the_wrong_shape_is_the_labels_party_s_error(tmp_path: Path
         assert "sha256" in str(bad.value)  # every missing field named
 
 
+def test_a_manifest_s_sha256_must_be_a_hash_and_an_empty_one_is_checked(
+    tmp_path: Path, fake: FakeLabelsParty
+) -> None:
+    """An empty sha256 turned the download's integrity check off (``if e and …``), and
+    every such release was stored under one name, received/.parquet, each over the
+    last: a manifest's sha256 must be 64 hex digits, and an expected hash that is
+    present but empty fails the check."""
+    from fastapi import FastAPI
+
+    release = {"id": "r", "dataset_id": "d", "epsilon": "1", "num_labels": 1,
+               "mechanism": {"name": "laplace", "epsilon": 1.0, "params": {}},
+               "created_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+    hashes = {"empty": "", "upper": "A" * 64, "path": "../x", "good": "a" * 64}
+    app = FastAPI()
+
+    @app.get("/v1/releases/{release_id}")
+    def manifest(release_id: str) -> dict[str, object]:
+        return {**release, "sha256": hashes[release_id]}
+
+    with serve_app(app) as url, make(url) as c:
+        for odd in ("empty", "upper", "path"):
+            with pytest.raises(LabelsPartyError, match="sha256"):
+                c.get_release(odd)
+        assert c.get_release("good").sha256 == "a" * 64
+    with make(fake.url) as c:
+        made = c.create_release(fake.dataset_id, REQUEST)
+        with pytest.raises(ReleaseIntegrityError):
+            c.download_labels(made.id, tmp_path / "l.parquet", expected_sha256="")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("headers_first", [False, True])
 def test_a_trickling_labels_party_cannot_hold_a_request(
     tmp_path: Path, headers_first: bool

@@ -240,6 +240,22 @@ def test_early_stopping(tmp_path: Path) -> None:
     assert result.metrics["epochs_run"] < 50
 
 
+def test_a_feature_column_named_label_is_a_feature(tmp_path: Path) -> None:
+    """The join named the received label "label" too: a feature of that name made
+    two columns of one name, and a job accepted with a full join failed at load."""
+    fp, lp, _ = write_data(tmp_path, 200)
+    features = pq.read_table(fp)
+    features = features.append_column("label", pa.array(np.arange(200, dtype=np.float64)))
+    pq.write_table(features, fp)
+    roles = ColumnRoles((*ROLES.numeric, "label"), ROLES.categorical)
+    data = load_training_data(features_path=fp, labels_path=lp, roles=roles,
+                              config=TrainingConfig(hidden=[8]), manifest={})  # fmt: skip
+    received = pq.read_table(lp).sort_by("example_id").column("label").to_numpy()
+    targets = torch.cat([data.train_targets, data.validation_targets]).sort().values
+    np.testing.assert_allclose(targets.numpy(), np.sort(received), rtol=1e-6)
+    assert data.preprocessing.numeric[-1] == "label"
+
+
 def test_bad_classification_labels_are_refused(tmp_path: Path) -> None:
     fp, lp, _ = write_data(tmp_path, 100)  # real-valued labels
     s = spec(

@@ -1,0 +1,60 @@
+"""A categorical column names the same category whichever way its rows arrive:
+the feature set's upload (types inferred, or declared categorical), a prediction
+file (categorical columns read as text) or JSON rows (booleans)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from feature_party.feature_sets.ingest import ingest, read_table
+from feature_party.feature_sets.schemas import SchemaDeclaration
+from feature_party.models.service import _rows_table
+from feature_party.training.data import Preprocessing, fit_preprocessing
+
+FLAGS = ["True", "False", "TRUE", "false", "True"]
+
+
+def _csv(tmp_path: Path) -> Path:
+    path = tmp_path / "features.csv"
+    lines = ["example_id,flag,x"] + [f"e{i},{f},{i}" for i, f in enumerate(FLAGS)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_boolean_column_is_one_category_by_csv_json_and_parquet(
+    tmp_path: Path, declared: bool
+) -> None:
+    """Undeclared, a CSV column of True/False was read as booleans ("true") at upload
+    and as text ("True") in a prediction file: every row fell into the
+    unknown-category bucket and the model predicted other numbers, with no error."""
+    schema = SchemaDeclaration(categorical=["flag"]) if declared else None
+    stored = ingest(_csv(tmp_path), filename="features.csv", schema=schema)
+    assert stored.roles.categorical == ("flag",)
+    preprocessing = fit_preprocessing(stored.table, stored.roles)
+    assert preprocessing.vocabularies[0] == ["true", "false"]  # most frequent first
+    expected = [1, 2, 1, 2, 1]
+
+    by_file = read_table(_csv(tmp_path), filename="rows.csv", text_columns=["flag"])
+    booleans = [{"true": True, "false": False}.get(f.lower()) for f in FLAGS]
+    by_json = _rows_table([{"flag": b, "x": float(i)} for i, b in enumerate(booleans)])
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(
+        pa.table({"flag": booleans, "x": [float(i) for i in range(len(FLAGS))]}), parquet
+    )
+    by_parquet = read_table(parquet, filename="rows.parquet", text_columns=["flag"])
+    for rows in (by_file, by_json, by_parquet):
+        codes = preprocessing.transform(rows).categorical[:, 0].tolist()
+        assert codes == expected, rows.schema
+
+
+def test_an_older_model_s_text_spelling_still_matches() -> None:
+    """A vocabulary learned before the spellings were one category ("True")."""
+    stored = pa.table({"example_id": ["a", "b"], "flag": ["True", "False"], "x": [0.0, 1.0]})
+    old = Preprocessing(numeric=["x"], means=[0.0], stds=[1.0], categorical=["flag"],
+                        vocabularies=[["True", "False"]])  # fmt: skip
+    assert old.transform(stored).categorical[:, 0].tolist() == [1, 2]
