@@ -432,7 +432,7 @@ class _Loop:
         q: float,
         generator: torch.Generator,
         optimizer: torch.optim.Optimizer,
-        poll: Poll,
+        poll: Poll = no_poll,
     ) -> None:
         self.model, self.x, self.y, self.config = model, x, y, config
         self.sigma, self.q, self.gen, self.optimizer = sigma, q, generator, optimizer
