@@ -21,7 +21,13 @@ from feature_party.training.data import ColumnRoles, Preprocessing
 from feature_party.training.loop import model_config
 from feature_party.training.losses import Loss, LossName, make_loss
 from shared.artifact import ARTIFACT_FORMAT, model_artifact, save_artifact_file
-from shared.torch_models import ImageCNN, TabularMLP, build_model, model_config_from_dict
+from shared.torch_models import (
+    ImageCNN,
+    ModelConfig,
+    TabularMLP,
+    build_model,
+    model_config_from_dict,
+)
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -146,7 +152,7 @@ def load_artifact(path: Path) -> Predictor:
     return predictor
 
 
-def _check_shapes(config: Any, state_dict: dict[str, torch.Tensor]) -> None:
+def _check_shapes(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> None:
     with torch.device("meta"):
         declared = {k: tuple(v.shape) for k, v in build_model(config).state_dict().items()}
     held = {k: tuple(v.shape) for k, v in state_dict.items()}

@@ -110,11 +110,11 @@ def noise_plan(
             f"delta must be below 1, got {delta:g} (the default 1/n is 1 when the "
             "features cover a single labelled example): give a smaller delta"
         )
-    steps_per_epoch = max(1, round(n / batch))
-    steps = total_steps(n, batch, int(spec["epochs"]))
+    per_epoch = steps_per_epoch(n, batch)
+    steps = int(spec["epochs"]) * per_epoch
     if max_steps is not None and steps > max_steps:
         raise InfeasiblePlanError(
-            f"{spec['epochs']} epochs of {steps_per_epoch} steps (expected batch size "
+            f"{spec['epochs']} epochs of {per_epoch} steps (expected batch size "
             f"{batch} over {n} labelled examples) are {steps} steps; this labels party "
             f"trains at most {max_steps} (LABELDP_TRAINING_MAX_STEPS): raise "
             "expected_batch_size or lower epochs",
@@ -151,14 +151,14 @@ def noise_plan(
         noise_multiplier=sigma,
         sampling_rate=rate,
         steps=steps,
-        steps_per_epoch=steps_per_epoch,
+        steps_per_epoch=per_epoch,
         amplification=amplification,
     )
 
 
-def total_steps(num_examples: int, expected_batch_size: int, epochs: int) -> int:
-    """T: ``epochs`` of ``max(1, round(n / B))`` steps, as the trainer counts them."""
-    return epochs * max(1, round(num_examples / expected_batch_size))
+def steps_per_epoch(num_examples: int, expected_batch_size: int) -> int:
+    """``max(1, round(n / B))``, as the trainer counts an epoch's steps."""
+    return max(1, round(num_examples / expected_batch_size))
 
 
 def check_ran_as_planned(plan: Mapping[str, Any], accounting: Mapping[str, Any]) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 from label_party.config import Settings
 from label_party.exceptions import InvalidRequestError
-from label_party.trainings.plan import total_steps
+from label_party.trainings.plan import steps_per_epoch
 
 #: Bytes a projection holds for each float of one example's forward pass
 #: (measured 7.5 on the Table-10a CNN, 5.4 on the default MLP).
@@ -78,7 +78,7 @@ def estimate(resolved: dict[str, Any], num_examples: int, num_features: int) -> 
     if m:
         projection_bytes = _projection_bytes(resolved, m, k, params, num_features)
         passes = m * (k + 2 * (POWER_ITERATIONS + int(resolved["projection_steps"]) + 1))
-    steps = total_steps(num_examples, batch, int(resolved["epochs"]))
+    steps = int(resolved["epochs"]) * steps_per_epoch(num_examples, batch)
     return Estimate(params, m, projection_bytes, steps * (batch + passes))
 
 
