@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -146,6 +147,30 @@ def read_parquet_bounded(
     :class:`ParquetTooLargeError` once the decoded data passes the bound, before
     the service has spent the memory. ``max_decoded_bytes`` caps the bound
     absolutely (a file whose metadata already declares more is refused unread)."""
+    file, batches = _bounded(source, columns, memory_map, min_decoded_bytes, max_decoded_bytes)
+    read = list(batches)
+    if read:
+        return pa.Table.from_batches(read)
+    return file.read(columns=columns)  # no rows: the file's own (empty) table
+
+
+def iter_parquet_bounded(
+    source: Path, columns: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """:func:`read_parquet_bounded`'s batches, for a reader that keeps none of them
+    (the bound still stops a compression bomb's decoding early)."""
+    return _bounded(source, columns, True, MIN_DECODED_BYTES, None)[1]
+
+
+def _bounded(
+    source: IO[bytes] | Path,
+    columns: list[str] | None,
+    memory_map: bool,
+    min_decoded_bytes: int,
+    max_decoded_bytes: int | None,
+) -> tuple[pq.ParquetFile, Iterator[pa.RecordBatch]]:
+    """The file, checked against its declared size, and its batches, checked as
+    they are decoded."""
     if isinstance(source, Path):
         size = source.stat().st_size
         file = pq.ParquetFile(source, memory_map=memory_map)
@@ -163,12 +188,13 @@ def read_parquet_bounded(
             raise pa.ArrowInvalid(f"column {name!r} occurs {names.count(name)} times")
     if _declared_bytes(file, columns) > limit:
         raise ParquetTooLargeError(limit, absolute)
-    batches, decoded = [], 0
-    for batch in file.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
-        decoded += batch.nbytes
-        if decoded > limit:
-            raise ParquetTooLargeError(limit, absolute)
-        batches.append(batch)
-    if batches:
-        return pa.Table.from_batches(batches)
-    return file.read(columns=columns)  # no rows: the file's own (empty) table
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        decoded = 0
+        for batch in file.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+            decoded += batch.nbytes
+            if decoded > limit:
+                raise ParquetTooLargeError(limit, absolute)
+            yield batch
+
+    return file, batches()

@@ -8,7 +8,7 @@ header) and column names, at most :data:`MAX_REPORTED` of each.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,12 +16,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from feature_party.errors import InvalidInputError, PayloadTooLargeError
 from feature_party.feature_sets.schemas import ColumnInfo, SchemaDeclaration
 from feature_party.training.data import ColumnRoles
 from shared.columns import ColumnTypeError, as_categories, as_keys, as_numbers
-from shared.parquet import ParquetTooLargeError, read_parquet_bounded
+from shared.parquet import ParquetTooLargeError, iter_parquet_bounded, read_parquet_bounded
 
 MAX_REPORTED = 20
 ID = "example_id"
@@ -56,14 +57,8 @@ def read_table(path: Path, *, filename: str | None, text_columns: Collection[str
     """Parquet (by magic bytes or suffix) or CSV. A CSV's ``example_id`` and
     ``text_columns`` (declared categorical) are read as text, so ``01234`` stays
     ``01234``; a CSV's other columns have their types inferred."""
-    with path.open("rb") as fh:
-        magic = fh.read(4)
-    name = (filename or "").lower()
-    if magic != b"PAR1" and name.endswith(NOT_CSV):
-        suffix = name.rsplit(".", 1)[-1]
-        raise _bad_file(f"feature files are CSV or Parquet; this one is .{suffix}")
     try:
-        if magic == b"PAR1" or name.endswith((".parquet", ".pq")):
+        if _is_parquet(path, filename):
             return read_parquet_bounded(path, memory_map=True)
         return pacsv.read_csv(
             path,
@@ -75,6 +70,86 @@ def read_table(path: Path, *, filename: str | None, text_columns: Collection[str
         raise PayloadTooLargeError(str(exc), detail={"limit": exc.limit}) from None
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
         raise _bad_file(f"cannot read the file: {exc}") from None
+
+
+def _is_parquet(path: Path, filename: str | None) -> bool:
+    """Parquet by its magic bytes or its name, else CSV; formats that are neither
+    are refused by name."""
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    name = (filename or "").lower()
+    if magic != b"PAR1" and name.endswith(NOT_CSV):
+        suffix = name.rsplit(".", 1)[-1]
+        raise _bad_file(f"feature files are CSV or Parquet; this one is .{suffix}")
+    return magic == b"PAR1" or name.endswith((".parquet", ".pq"))
+
+
+#: A CSV read in batches is read this many bytes at a time (also the longest row).
+_CSV_BLOCK = 4 << 20
+
+
+@dataclass(frozen=True)
+class FeatureFile:
+    """An uploaded CSV or Parquet file, read a batch at a time: a prediction keeps
+    its answer, not the file's rows."""
+
+    path: Path
+    parquet: bool
+    #: The file's columns, in its order.
+    names: list[str]
+
+    @classmethod
+    def open(cls, path: Path, filename: str | None) -> FeatureFile:
+        parquet = _is_parquet(path, filename)
+        try:
+            if parquet:
+                names = pq.ParquetFile(path, memory_map=True).schema_arrow.names
+            else:
+                names = pacsv.open_csv(path).schema.names
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+            raise _bad_file(f"cannot read the file: {exc}") from None
+        return cls(path, parquet, names)
+
+    def batches(self, columns: list[str], *, numeric: Collection[str]) -> Iterator[pa.Table]:
+        """The rows of ``columns`` (each named once in the file). A CSV's
+        ``numeric`` columns are read as numbers and its others as text, so no batch
+        infers a type of its own (an integer column whose later rows hold 1.5)."""
+        try:
+            if self.parquet:
+                for batch in iter_parquet_bounded(self.path, columns):
+                    yield pa.Table.from_batches([batch])
+                return
+            types = {c: pa.float64() if c in numeric else pa.string() for c in columns}
+            options = pacsv.ConvertOptions(column_types=types, include_columns=columns)
+            # Blocks of pyarrow's default 1 MiB: 8 MiB ones held 4× the memory
+            # (a reader runs ahead of its consumer) and were no faster.
+            for batch in pacsv.open_csv(self.path, convert_options=options):
+                yield pa.Table.from_batches([batch])
+        except ParquetTooLargeError as exc:
+            raise PayloadTooLargeError(str(exc), detail={"limit": exc.limit}) from None
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+            found = None if self.parquet else _first_non_number(self.path, numeric)
+            raise _bad_file(found or f"cannot read the file: {exc}") from None
+
+
+def _first_non_number(path: Path, numeric: Collection[str]) -> str | None:
+    """Which CSV cell of the ``numeric`` columns is no number, as a whole-file read
+    names it (column and 1-based row); None if none is. Read again as text, only
+    once a batch has failed."""
+    options = pacsv.ConvertOptions(
+        column_types={name: pa.string() for name in numeric},
+        include_columns=list(numeric),
+        strings_can_be_null=True,  # the cells a numeric read takes for missing
+    )
+    rows = 0
+    for batch in pacsv.open_csv(path, convert_options=options):
+        for name in numeric:
+            bad = _rows(pc.invert(pc.match_substring_regex(batch.column(name), _NUMBER)))
+            if bad:
+                row = rows + bad[0]
+                return f"numeric column {name!r} holds a value that is not a number (row {row})"
+        rows += batch.num_rows
+    return None
 
 
 def _infer_role(dtype: pa.DataType) -> str:

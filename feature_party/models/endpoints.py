@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import UploadFile
@@ -42,7 +42,7 @@ _PREDICT_BODY: dict[str, Any] = {
 
 def _predict_upload(
     session: Session, settings: Settings, model_id: str, upload: UploadFile
-) -> Predictions:
+) -> service.PredictionAnswer:
     directory = settings.data_dir / "tmp"
     with spooled(upload, directory=directory, max_bytes=settings.max_upload_bytes) as path:
         return service.predict_file(session, settings, model_id, path, upload.filename)
@@ -97,8 +97,16 @@ def download_artifact(session: SessionDep, settings: SettingsDep, model_id: str)
 @router.post("/{model_id}/predict", response_model=Predictions, openapi_extra=_PREDICT_BODY)
 async def predict(
     request: Request, session: SessionDep, settings: SettingsDep, model_id: str
-) -> Predictions:
-    """Predict from a multipart ``file`` (CSV or Parquet) or JSON ``{"rows": [...]}``."""
+) -> StreamingResponse:
+    """Predict from a multipart ``file`` (CSV or Parquet) or JSON ``{"rows": [...]}``.
+    Every row is checked before the answer starts; it is then sent in batches."""
+    answer = await _answer(request, session, settings, model_id)
+    return StreamingResponse(answer.json_chunks(), media_type="application/json")
+
+
+async def _answer(
+    request: Request, session: Session, settings: Settings, model_id: str
+) -> service.PredictionAnswer:
     if is_multipart(request.headers.get("content-type")):
         async with request.form() as form:
             upload = form.get("file")

@@ -74,6 +74,11 @@ class NonFinitePredictionError(ValueError):
         self.rows = rows
 
 
+#: Rows a model runs on at once. Tabular rows at 65,536 ran 4.4× slower (the
+#: layers' activations fell out of cache) and left glibc's heap 3× larger.
+PREDICT_BATCH = 8192
+
+
 @dataclass
 class Predictor:
     model: TabularMLP | ImageCNN
@@ -81,10 +86,13 @@ class Predictor:
     loss: Loss
     task: str
 
-    def predict(self, table: pa.Table, batch_size: int = 65536) -> np.ndarray:
+    def predict(
+        self, table: pa.Table, batch_size: int = PREDICT_BATCH, first_row: int = 1
+    ) -> np.ndarray:
         """Predictions for the rows of ``table`` (``ValueError`` on missing columns,
-        :class:`NonFinitePredictionError` where the model's output is not finite)."""
-        tensors = self.preprocessing.transform(table)
+        :class:`NonFinitePredictionError` where the model's output is not finite;
+        ``first_row`` numbers the rows an error names)."""
+        tensors = self.preprocessing.transform(table, first_row)
         out, finite = [], []
         with torch.no_grad():
             for start in range(0, len(tensors), batch_size):
@@ -102,7 +110,7 @@ class Predictor:
         return np.concatenate(out).astype(dtype) if out else np.zeros(0, dtype=dtype)
 
     def probabilities(
-        self, table: pa.Table, *, temperature: float = 1.0, batch_size: int = 65536
+        self, table: pa.Table, *, temperature: float = 1.0, batch_size: int = PREDICT_BATCH
     ) -> np.ndarray:
         """Class probabilities ``softmax(logits / temperature)``, float64 ``[n, K]``
         (classification models only). A temperature above 1 flattens the model's

@@ -7,6 +7,7 @@ the model artifact, so prediction applies exactly the training transformation.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,20 +66,22 @@ class Preprocessing:
     def roles(self) -> ColumnRoles:
         return ColumnRoles(tuple(self.numeric), tuple(self.categorical))
 
-    def missing_columns(self, table: pa.Table) -> list[str]:
-        present = set(table.column_names)
+    def missing_columns(self, names: Collection[str]) -> list[str]:
+        """The feature columns that are not among ``names``."""
+        present = set(names)
         return [c for c in (*self.numeric, *self.categorical) if c not in present]
 
-    def transform(self, table: pa.Table) -> Tensors:
+    def transform(self, table: pa.Table, first_row: int = 1) -> Tensors:
         """Tensors for ``table``; raises ``ValueError`` if a column is missing or a
-        numeric column does not parse as numbers."""
-        missing = self.missing_columns(table)
+        numeric column does not parse as numbers (naming the row, counted from
+        ``first_row`` when ``table`` is a batch of a longer file)."""
+        missing = self.missing_columns(table.column_names)
         if missing:
             raise ValueError(f"missing feature columns: {', '.join(missing)}")
         n = table.num_rows
         numeric = np.zeros((n, len(self.numeric)), dtype=np.float32)
         for j, name in enumerate(self.numeric):
-            values = _as_float(table.column(name), name)
+            values = _as_float(table.column(name), name, first_row)
             scaled = (values - self.means[j]) / self.stds[j]
             scaled = np.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0)
             # Past float32's range the cast would make ±inf, and the model NaN.
@@ -118,23 +121,23 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _NUMBER_TEXT = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
 
 
-def _as_float(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
+def _as_float(column: pa.ChunkedArray | pa.Array, name: str, first_row: int = 1) -> np.ndarray:
     """A numeric column as float64 (NaN for nulls); a ``ValueError`` naming the column
     and its first bad row, never Arrow's message (which quotes the cell)."""
     try:
         arr = pc.cast(column, pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         raise ValueError(f"numeric column {name!r} holds a value that is not a number"
-                         f"{_first_non_number(column)}") from None  # fmt: skip
+                         f"{_first_non_number(column, first_row)}") from None  # fmt: skip
     return np.asarray(pc.fill_null(arr, float("nan")).to_numpy(), dtype=np.float64)
 
 
-def _first_non_number(column: pa.ChunkedArray | pa.Array) -> str:
+def _first_non_number(column: pa.ChunkedArray | pa.Array, first_row: int) -> str:
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         return f" (its type is {column.type})"
     numbers = pc.match_substring_regex(column, _NUMBER_TEXT, ignore_case=True)
     bad = np.flatnonzero(~pc.fill_null(numbers, True).to_numpy(zero_copy_only=False))
-    return f" (row {int(bad[0]) + 1})" if bad.size else ""
+    return f" (row {int(bad[0]) + first_row})" if bad.size else ""
 
 
 def fit_preprocessing(

@@ -188,3 +188,9 @@ def test_write_wait_takes_each_upload(upload: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["upload"] == upload and result["rows"] == 2000
+
+
+def test_predict_memory_quick(tmp_path: Path) -> None:
+    runs = _bench("bench_predict_memory", tmp_path / "predict.json")["runs"]
+    assert [(r["shape"], r["rows"]) for r in runs] == [("wide", 20_000), ("narrow", 20_000)]
+    assert all(r["answer_mib"] > 0 and r["peak_extra_mib"] > 0 for r in runs)

@@ -74,7 +74,8 @@ def test_a_prediction_that_is_not_finite_is_refused_with_its_rows() -> None:
         cancelling.predict(pa.table({"x0": [1e40, 1.0], "x1": [1e40, 1.0]}))
     assert e.value.rows.tolist() == [0]
     with pytest.raises(InvalidInputError) as refused:
-        _predict(overflowing, rows.append_column("example_id", pa.array(list("abcd"))))
+        with_ids = rows.append_column("example_id", pa.array(list("abcd")))
+        _predict(overflowing, with_ids.column_names, [with_ids])
     assert refused.value.detail == {"rows": [2, 3], "num_rows": 2}
     assert "2 of 4 rows" in refused.value.message
 

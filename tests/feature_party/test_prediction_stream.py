@@ -1,0 +1,165 @@
+"""Predictions read a file a batch at a time and send their answer in batches:
+the rows an error names, the types a CSV's later rows hold, the answer's bytes,
+and the memory a prediction takes against the file's size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from feature_party.errors import InvalidInputError
+from feature_party.models.service import PredictionAnswer, predict_path
+from feature_party.training.artifact import Predictor
+from feature_party.training.data import Preprocessing
+from feature_party.training.losses import make_loss
+from shared.torch_models import TabularMLP, TabularMLPConfig
+
+#: Rows in a file that spans several of the CSV reader's 1 MiB blocks.
+ROWS = 300_000
+
+
+def _predictor(weight: float) -> Predictor:
+    """Regression ``weight · x0`` (x0 scaled by mean 0, std 1), with a categorical
+    column ``city`` the model reads but ignores."""
+    config = TabularMLPConfig(num_numeric=1, vocab_sizes=(3,), hidden=(), outputs=1)
+    model = TabularMLP(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        model.out.weight[0, 0] = weight
+    pre = Preprocessing(numeric=["x0"], means=[0.0], stds=[1.0],
+                        categorical=["city"], vocabularies=[["a", "b"]])  # fmt: skip
+    return Predictor(model.eval(), pre, make_loss("squared"), "regression")
+
+
+def _csv(path: Path, x0: list[str], ids: list[str] | None = None) -> Path:
+    lines = ["example_id,x0,city,extra" if ids else "x0,city,extra"]
+    for i, value in enumerate(x0):
+        lines.append(f"{ids[i]},{value},a,zz" if ids else f"{value},a,zz")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _answer(answer: PredictionAnswer, batch: int = 65_536) -> dict[str, list[object]]:
+    decoded: dict[str, list[object]] = json.loads(b"".join(answer.json_chunks(batch)))
+    return decoded
+
+
+def test_rows_an_error_names_are_counted_over_the_whole_file(tmp_path: Path) -> None:
+    x0 = ["1.0"] * ROWS
+    for row in (5, 250_000, 299_999):  # 0-based; past the first block for two of them
+        x0[row] = "1e38"  # × 10 overflows float32: no finite prediction
+    with pytest.raises(InvalidInputError) as refused:
+        predict_path(_predictor(10.0), _csv(tmp_path / "rows.csv", x0), "rows.csv")
+    assert refused.value.detail == {"rows": [6, 250_001, 300_000], "num_rows": 3}
+    assert f"3 of {ROWS} rows" in refused.value.message
+
+
+def test_ids_missing_in_later_rows_are_counted(tmp_path: Path) -> None:
+    n = 200_000  # four of the Parquet reader's batches
+    ids: list[str | None] = [f"u{i}" for i in range(n)]
+    ids[100_000] = ids[199_000] = None
+    table = pa.table({"x0": np.ones(n), "city": ["a"] * n, "example_id": ids})
+    pq.write_table(table, tmp_path / "rows.parquet")
+    with pytest.raises(InvalidInputError) as refused:
+        predict_path(_predictor(1.0), tmp_path / "rows.parquet", "rows.parquet")
+    assert refused.value.detail == {"rows_without_example_id": 2}
+
+
+def test_a_later_block_may_hold_what_the_first_did_not(tmp_path: Path) -> None:
+    """A reader that typed each column by its first block took x0 for integers and
+    refused 2.5 two hundred thousand rows on; a value that is no number is refused."""
+    x0 = ["1"] * ROWS
+    x0[200_000], x0[200_001] = "2.5", ""  # a float, and a missing value (the mean: 0)
+    ids = [f"{i:07d}" for i in range(ROWS)]  # text: leading zeros kept
+    answer = _answer(predict_path(_predictor(2.0), _csv(tmp_path / "rows.csv", x0, ids), "r.csv"))
+    assert answer["prediction"][200_000:200_002] == [5.0, 0.0]
+    assert answer["prediction"][0] == 2.0 and len(answer["prediction"]) == ROWS
+    assert answer["example_id"][:2] == ["0000000", "0000001"]
+    x0[250_000] = "n/a?"
+    with pytest.raises(InvalidInputError) as refused:
+        predict_path(_predictor(1.0), _csv(tmp_path / "bad.csv", x0), "bad.csv")
+    assert "column 'x0' holds a value that is not a number (row 250001)" in refused.value.message
+
+
+def test_a_parquet_file_predicts_by_batches(tmp_path: Path) -> None:
+    n = 200_000  # four of the Parquet reader's batches
+    x0 = np.arange(n, dtype=np.float64)
+    table = pa.table({"x0": x0, "city": ["a"] * n, "example_id": [f"e{i}" for i in range(n)]})
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=50_000)
+    answer = _answer(predict_path(_predictor(1.0), tmp_path / "rows.parquet", "rows.parquet"))
+    assert answer["prediction"] == pytest.approx(x0.tolist())
+    assert answer["example_id"][-1] == f"e{n - 1}"
+    text = [str(v) for v in x0]
+    text[150_000] = "many"  # a text column: the preprocessing names the cell's row
+    pq.write_table(table.set_column(0, "x0", pa.array(text)), tmp_path / "text.parquet")
+    with pytest.raises(InvalidInputError, match=r"not a number \(row 150001\)"):
+        predict_path(_predictor(1.0), tmp_path / "text.parquet", "text.parquet")
+
+
+def test_the_answer_is_what_a_json_response_wrote_of_it() -> None:
+    """Streamed in batches of 2 (a boundary inside each list), the bytes are the
+    whole answer's, as FastAPI's JSONResponse serialized it before."""
+    ids = pa.chunked_array([["a", "é"], ['q"uote', "z", "y"]])
+    values = np.array([0.1, -2.0, 1e-300, 3.0, 7], dtype=np.float64)
+    whole = {"example_id": ids.to_pylist(), "prediction": values.tolist()}
+    expected = json.dumps(whole, ensure_ascii=False, separators=(",", ":")).encode()
+    assert b"".join(PredictionAnswer(ids, values).json_chunks(batch=2)) == expected
+    numbered = PredictionAnswer(None, np.array([4, 5, 6], dtype=np.int64))  # classes
+    assert _answer(numbered, batch=2) == {"example_id": ["0", "1", "2"],
+                                          "prediction": [4.0, 5.0, 6.0]}  # fmt: skip
+    empty = PredictionAnswer(None, np.zeros(0))
+    assert _answer(empty) == {"example_id": [], "prediction": []}
+
+
+#: Run in a fresh process: its peak resident memory is the prediction's.
+_MEASURE = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[2])
+    from tests.feature_party.test_prediction_stream import _predictor
+    from feature_party.models.service import predict_path
+
+    def kib(field):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith(field)).split()[1])
+
+    predictor = _predictor(1.0)
+    before = kib("VmRSS")
+    answer = predict_path(predictor, Path(sys.argv[1]), "rows.csv")
+    sent = sum(len(chunk) for chunk in answer.json_chunks())
+    print((kib("VmHWM") - before) * 1024, sent)
+    """
+)
+
+
+def test_a_prediction_holds_a_few_times_its_file_not_its_rows_as_objects(
+    tmp_path: Path,
+) -> None:
+    """1,000,000 narrow rows (16 MB of CSV): read whole and answered as Python lists,
+    the prediction's peak was 33× the file (``bench.bench_predict_memory``);
+    read and answered by batches it is under 8×."""
+    n = 1_000_000
+    path = tmp_path / "rows.csv"
+    with path.open("w") as f:
+        f.write("example_id,x0,city\n")
+        f.writelines(f"u{i},{i % 97 / 10},a\n" for i in range(n))
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(path), root],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    peak, sent = map(int, out.stdout.split())
+    size = path.stat().st_size
+    assert sent > size  # the answer is bigger than the file: ids and numbers again
+    assert peak < 8 * size, f"peak {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file"
