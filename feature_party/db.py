@@ -11,14 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from shared import json_columns
 from shared.migrations import upgrade_to_head
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
+_Row = TypeVar("_Row")
 _ADVISORY_LOCK = 0x1ABE1D9F  # any constant shared by every features-party process
 #: Tables only the labels party has: the features party must never open its database.
 _LABELS_PARTY_TABLES = ("ledger_entries", "audit_entries")
@@ -29,7 +31,11 @@ def make_engine(url: str) -> Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(
+            url,
+            connect_args={"timeout": 30, "check_same_thread": False},
+            json_serializer=json_columns.dumps,
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -40,7 +46,7 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, json_serializer=json_columns.dumps)
 
 
 def migrate(engine: Engine) -> None:
@@ -62,6 +68,20 @@ def end_reads(session: Session) -> None:
     if session.new or session.dirty or session.deleted or session.info.get(_WROTE):
         raise RuntimeError("end_reads on a session with writes: they would be lost")
     session.rollback()
+
+
+def get_for_update(session: Session, entity: type[_Row], ident: str) -> _Row | None:
+    """``session.get(…, with_for_update=True)`` that locks on SQLite too. SQLite
+    drops ``FOR UPDATE`` and its reads lock nothing, so two sessions read the same
+    row and the later commit overwrote the earlier (an LP-MST run cancelled with a
+    200 ended ``succeeded``): the session takes the database's write lock first,
+    unless a write of its own already holds it."""
+    connection = session.connection()
+    if connection.dialect.name == "sqlite":
+        driver = connection.connection.driver_connection
+        if driver is not None and not driver.in_transaction:
+            driver.execute("BEGIN IMMEDIATE")  # waits out another writer (busy_timeout)
+    return session.get(entity, ident, with_for_update=True)
 
 
 #: ``session.info`` key: the session's transaction has flushed a write.

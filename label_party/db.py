@@ -26,6 +26,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from shared import json_columns
 from shared.migrations import upgrade_to_head
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -58,7 +59,9 @@ class Database:
 def connect(url: str) -> Database:
     if url.startswith("sqlite"):
         return Database(_sqlite_engine(url, immediate=False), _sqlite_engine(url, immediate=True))
-    engine = create_engine(url, pool_size=20, max_overflow=50, pool_pre_ping=True)
+    engine = create_engine(
+        url, pool_size=20, max_overflow=50, pool_pre_ping=True, json_serializer=json_columns.dumps
+    )
     return Database(engine, engine)
 
 
@@ -67,6 +70,7 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
         url,
         poolclass=NullPool,
         connect_args={"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False},
+        json_serializer=json_columns.dumps,
     )
 
     @event.listens_for(engine, "connect")

@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session
 
 from feature_party.client import LabelsPartyClient, LabelsPartyError, LabelsPartyHTTPError
 from feature_party.config import Settings
-from feature_party.db import Database
+from feature_party.db import Database, get_for_update
 from feature_party.errors import FeaturePartyError
 from feature_party.jobs import service as jobs
 from feature_party.jobs.repository import JobRepository
@@ -375,7 +375,7 @@ class Driver:
     def _own(self, session: Session, *, take_over: bool = False) -> MultistageRun:
         """The run's row, locked; :class:`_Superseded` if another driver owns it or
         it was cancelled."""
-        run = session.get(MultistageRun, self.run_id, with_for_update=True)
+        run = get_for_update(session, MultistageRun, self.run_id)
         assert run is not None
         if run.status == RunStatus.CANCELLED:
             raise _Superseded

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
-from feature_party.db import Database
+from feature_party.db import Database, get_for_update
 from feature_party.errors import ConflictError, InvalidInputError, not_found
 from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.jobs import service as jobs
@@ -101,7 +101,7 @@ def mark_interrupted(database: Database, run_id: str, error: str, *, launch: str
     """Mark a ``running`` run interrupted if the driver ``launch`` still owns it (a
     run that ended, or that another service resumed meanwhile, is left as it is)."""
     with database.session() as session:
-        run = session.get(MultistageRun, run_id, with_for_update=True)
+        run = get_for_update(session, MultistageRun, run_id)
         if run is None or run.status != RunStatus.RUNNING:
             return
         if run.state.get("driver") in (None, launch):
@@ -159,7 +159,7 @@ def prepare_resume(
     """Mark the run running again for a new driver; locked, so that of two services
     resuming it at once one gets 409. A stage whose job ended without a model (it
     failed, or was cancelled while the run was stopped) is set to train again."""
-    run = session.get(MultistageRun, run_id, with_for_update=True)
+    run = get_for_update(session, MultistageRun, run_id)
     if run is None:
         raise not_found("multistage run", run_id)
     status = effective_status(run, active=active)
@@ -196,7 +196,7 @@ def cancel(session: Session, run_id: str) -> MultistageRun:
     """End a run for good: ``cancelled``, its stage's queued or running job
     cancelled. Its driver, on whichever service runs it, stops at its next write
     (a step in flight finishes first: what it spent stays spent, like all ε)."""
-    run = session.get(MultistageRun, run_id, with_for_update=True)
+    run = get_for_update(session, MultistageRun, run_id)
     if run is None:
         raise not_found("multistage run", run_id)
     if run.status in (RunStatus.SUCCEEDED, RunStatus.CANCELLED):

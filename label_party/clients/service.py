@@ -28,8 +28,16 @@ def create(session: Session, principal: Principal, *, name: str, role: str) -> t
     return client, token
 
 
+def _locked(session: Session, client_id: str) -> Client | None:
+    """The client's row, locked (``FOR UPDATE`` on Postgres; SQLite's write
+    transactions are serial): of two requests that revoke it or grant it the same
+    dataset at once, the second sees what the first did, instead of a second audit
+    entry or a unique-constraint error answered with 500."""
+    return session.get(Client, client_id, with_for_update=True)
+
+
 def revoke(session: Session, principal: Principal, client_id: str) -> Client:
-    client = session.get(Client, client_id)
+    client = _locked(session, client_id)
     if client is None:
         raise NotFoundError(f"client {client_id} not found")
     if client.revoked_at is None:
@@ -41,7 +49,7 @@ def revoke(session: Session, principal: Principal, client_id: str) -> Client:
 
 
 def grant(session: Session, principal: Principal, dataset: Dataset, client_id: str) -> Grant:
-    client = session.get(Client, client_id)
+    client = _locked(session, client_id)
     if client is None or client.revoked_at is not None:  # unknown things are 404 (§6)
         raise NotFoundError(f"client {client_id} does not exist or is revoked")
     if client.role != "client":

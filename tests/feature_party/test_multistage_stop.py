@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -168,15 +167,11 @@ def test_a_resume_may_correct_the_training_and_is_checked_first(settings: Settin
 
 
 @pytest.mark.postgres
-def test_two_services_resuming_one_run_at_once_start_one_driver(
-    tmp_path: Path, postgres_url: str
-) -> None:
+def test_two_services_resuming_one_run_at_once_start_one_driver(settings: Settings) -> None:
     """Two replicas on one database: the second resume waits on the first's row lock
     and then finds the run running (409). Before, both read it interrupted and
-    launched a driver each."""
-    from tests.feature_party.conftest import make_settings
-
-    settings = make_settings(tmp_path, database_url=postgres_url)
+    launched a driver each (on SQLite, whose reads lock nothing, until a locked
+    read took the write lock)."""
     database = Database(settings.resolved_database_url)
     migrate(database.engine)
     run_id, _ = _interrupted_run(database, settings)
@@ -205,4 +200,40 @@ def test_two_services_resuming_one_run_at_once_start_one_driver(
     for t in threads:
         t.join(30)
     assert outcomes == {"first": "resumed", "second": "run_not_resumable"}
+    database.dispose()
+
+
+def test_a_cancel_during_a_drivers_last_write_is_not_lost(settings: Settings) -> None:
+    """The driver reads its run locked, a ``DELETE`` arrives, the driver commits
+    ``succeeded``. On SQLite the cancel answered 200 "cancelled" and the run still
+    ended succeeded; it now waits for the driver's commit and answers 409."""
+    from feature_party.multistage.driver import Driver
+
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    run_id, _ = _interrupted_run(database, settings)
+    with database.session() as session:
+        session.get(MultistageRun, run_id).status = RunStatus.RUNNING  # type: ignore[union-attr]
+    outcome: dict[str, object] = {}
+
+    def cancel() -> None:
+        try:
+            with database.session() as session:
+                outcome["cancel"] = service.cancel(session, run_id).status
+        except ServiceError as exc:
+            outcome["cancel"] = exc.code
+
+    driver = Driver.__new__(Driver)  # only what _own reads
+    driver.run_id, driver.launch = run_id, None
+    with database.session() as session:
+        run = driver._own(session, take_over=True)
+        thread = threading.Thread(target=cancel)
+        thread.start()
+        thread.join(1.0)  # it waits on the lock, or (before) it had finished
+        run.status = RunStatus.SUCCEEDED
+    thread.join(30)
+    with database.session() as session:
+        final = session.get(MultistageRun, run_id)
+        assert final is not None and final.status == RunStatus.SUCCEEDED
+    assert outcome == {"cancel": "run_finished"}
     database.dispose()

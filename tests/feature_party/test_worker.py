@@ -189,3 +189,26 @@ def test_an_idle_worker_sweeps_what_killed_processes_left(
     assert Worker(database, settings).run(once=True) == 0  # idle: it sweeps
     assert not orphan.exists() and not stale.exists()
     assert registered.exists() and young.exists()
+
+
+def test_a_diverging_job_is_recorded_on_every_database(settings: Settings, tmp_path: Path) -> None:
+    """Learning rate 10 with SGD drives the loss to NaN. JSON has no NaN: SQLite
+    stored it and Postgres refused it, so there every heartbeat and the success
+    failed and the job ran five times before failing as "stopped responding". Both
+    now record it once, the number that is not finite as null."""
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    try:
+        fs, labels = seed_inputs(database, settings, n=800)
+        diverging = {"learning_rate": 10.0, "optimizer": "sgd", "momentum": 0.9,
+                     "batch_size": 16, "hidden": [64], "epochs": 3,
+                     "early_stopping_patience": None}  # fmt: skip
+        [job_id] = add_jobs(database, fs, labels, 1, **diverging)
+        worker = Worker(database, settings, worker_id="w")
+        assert worker.claim() == job_id
+        worker.run_job(job_id)
+        job = job_row(database, job_id)
+        assert (job.status, job.attempts) == (Status.SUCCEEDED, 1), job.error
+        assert job.metrics is not None and job.metrics["train_loss"] is None
+    finally:
+        database.dispose()

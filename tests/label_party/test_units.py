@@ -191,3 +191,22 @@ def test_a_training_shows_only_its_own_checks_messages() -> None:
     with pytest.raises(ValueError) as ours:
         calibrate_noise(-1.0, 1e-5, 0.1, 10)
     assert public_error(ours.value) == str(ours.value)  # our check: its message is for users
+
+
+def test_a_json_column_takes_a_number_that_is_not_finite_as_null(database_url: str) -> None:
+    """A diverged LabelDP-Pro training's progress and history hold NaN: Postgres
+    refused the heartbeat that wrote it (SQLite stored text no JSON reader takes)."""
+    import sqlalchemy as sa
+
+    from label_party.db import connect
+    from shared import json_columns
+
+    value = {"loss": float("nan"), "history": [{"norm": np.float64("inf")}, {"norm": 1.5}]}
+    database = connect(database_url)
+    try:
+        with database.engine.connect() as conn:
+            stored = conn.execute(sa.select(sa.literal(value, sa.JSON))).scalar_one()
+    finally:
+        database.dispose()
+    assert stored == {"loss": None, "history": [{"norm": None}, {"norm": 1.5}]}
+    assert json_columns.dumps({"a": (1.0, 2)}) == '{"a": [1.0, 2]}'  # finite: json.dumps's

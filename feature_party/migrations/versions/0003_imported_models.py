@@ -25,6 +25,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # 0002's models all came from a job: an imported one has none to give it.
+    count = "SELECT count(*) FROM models WHERE job_id IS NULL"
+    imported = op.get_bind().execute(sa.text(count)).scalar_one()
+    if imported:
+        raise RuntimeError(
+            f"cannot downgrade below 0003: {imported} imported model(s) have no job "
+            "(source labels-party-training); delete them first (DELETE FROM models "
+            "WHERE job_id IS NULL) or keep this version"
+        )
     with op.batch_alter_table("models") as batch:
         batch.drop_column("training_id")
         batch.drop_column("source")
