@@ -20,7 +20,6 @@ from shared import json_columns
 from shared.migrations import upgrade_to_head
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
-_Row = TypeVar("_Row")
 _ADVISORY_LOCK = 0x1ABE1D9F  # any constant shared by every features-party process
 #: Tables only the labels party has: the features party must never open its database.
 _LABELS_PARTY_TABLES = ("ledger_entries", "audit_entries")
@@ -68,6 +67,9 @@ def end_reads(session: Session) -> None:
     if session.new or session.dirty or session.deleted or session.info.get(_WROTE):
         raise RuntimeError("end_reads on a session with writes: they would be lost")
     session.rollback()
+
+
+_Row = TypeVar("_Row")
 
 
 def get_for_update(session: Session, entity: type[_Row], ident: str) -> _Row | None:

@@ -84,10 +84,6 @@ def _is_parquet(path: Path, filename: str | None) -> bool:
     return magic == b"PAR1" or name.endswith((".parquet", ".pq"))
 
 
-#: A CSV read in batches is read this many bytes at a time (also the longest row).
-_CSV_BLOCK = 4 << 20
-
-
 @dataclass(frozen=True)
 class FeatureFile:
     """An uploaded CSV or Parquet file, read a batch at a time: a prediction keeps

@@ -176,8 +176,9 @@ class PredictionAnswer:
     """A prediction's answer, held as arrays until it is sent.
 
     Its JSON (:class:`~feature_party.models.schemas.Predictions`) is written in
-    batches: whole, as Python lists, a 3,000,000-row CSV's answer took 5.2× the
-    file's size in memory at its peak (``python -m bench.bench_predict_memory``)."""
+    batches: built whole as Python lists (with the file read whole), the answer for
+    3,000,000 rows of a narrow CSV took 45× the file's size at its peak, 5.7× now
+    (``python -m bench.bench_predict_memory``)."""
 
     #: The rows' ``example_id``; None numbers them from 0.
     example_id: pa.Array | pa.ChunkedArray | None
