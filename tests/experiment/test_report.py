@@ -205,3 +205,32 @@ def test_labeldp_pro_report_adds_the_gpu_table_when_stored(tmp_path: Path) -> No
     assert "### The same with n₂ = 1024 on NVIDIA H100 80GB HBM3 (`--device cuda`)" in text
     assert "ALTCONV n₂ = 1024, 400" in text
     assert "| 0.5 | — | 74.5 ± 0.5 | 72.6 ± 0.5 | — | — | — |" in text
+
+
+def _gpu_runs(epochs: int, draws: int, method: str, accuracies: dict[int, float]) -> str:
+    """A stored GPU run file: ``accuracies`` by seed, at ε = 1."""
+    runs = [
+        {"method": method, "epsilon": 1.0, "seed": seed, "accuracy": acc}
+        for seed, acc in accuracies.items()
+    ]
+    return json.dumps({"settings": {"epochs": epochs, "debias_draws": draws}, "runs": runs})
+
+
+def test_gpu_runs_pool_their_seeds_across_files_beside_dp_sgd_of_the_same_length(
+    tmp_path: Path,
+) -> None:
+    files = {
+        "labeldp_pro_cuda_n2_1024_10ep_dp_sgd.json": _gpu_runs(10, 0, "dp-sgd", {0: 78, 1: 77}),
+        "labeldp_pro_cuda_n2_1024_10ep_pro.json": _gpu_runs(10, 0, "labeldp-pro", {0: 75, 1: 76}),
+        "labeldp_pro_cuda_n2_1024_10ep_pro_seed2.json": _gpu_runs(10, 0, "labeldp-pro", {2: 77}),
+        "labeldp_pro_cuda_n2_1024_debias.json": _gpu_runs(10, 1, "labeldp-pro", {0: 74.5}),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    lines = classification(tmp_path)
+    start = lines.index("| epochs | noise-bias draws | ε | DP-SGD | LabelDP-Pro | "
+                        "seeds (DP-SGD / LabelDP-Pro) |")  # fmt: skip
+    assert lines[start + 2 : start + 4] == [
+        "| 10 | 0 | 1.0 | 77.5 ± 0.707 | 76 ± 1 | 2 / 3 |",
+        "| 10 | 1 | 1.0 | 77.5 ± 0.707 | 74.5 ± 0 | 2 / 1 |",
+    ]
