@@ -278,7 +278,7 @@ class StaircaseNoise:
         digit (:func:`~label_party.mechanisms.lattice.geometric`: no float holes in
         its tail). The step is high with probability ``s / (s + b(P − s))``. In the
         discrete case "−0" is rejected and redrawn so that 0 is not counted twice.
-        The discrete Laplace (period 1) is drawn as a difference of two geometrics.
+        The discrete Laplace (period 1) is one geometric with a fair sign.
         """
         if self.discrete and self.period == 1.0:
             return two_sided_geometric(self.rate, n, rng)

@@ -41,19 +41,32 @@ def geometric(rate: float, n: int, rng: np.random.Generator) -> FloatArray:
     if not rate > 0:
         raise ValueError(f"rate must be positive, got {rate}")
     out = np.zeros(n, dtype=np.int64)
+    digit = np.empty(n, dtype=bool)
+    place = np.empty(n, dtype=np.int64)
     for i in range(62):
         # P(b_i = 1) = q^{2^i} / (1 + q^{2^i}) = 1 / (1 + e^{2^i·rate}) ≤ ½.
         p = 1.0 / (1.0 + math.exp(min(2.0**i * rate, 700.0)))
         threshold = int(p * _TWO_64)
         if threshold == 0:
             break
-        coins = rng.integers(0, 1 << 64, size=n, dtype=np.uint64, endpoint=False)
-        out += (coins < np.uint64(threshold)).astype(np.int64) << i
+        # Raw 64-bit words are uniform on [0, 2⁶⁴), as integers(0, 2**64) draws them.
+        np.less(rng.bit_generator.random_raw(n), np.uint64(threshold), out=digit)
+        np.left_shift(digit, i, out=place, casting="unsafe")
+        out |= place
     return out.astype(np.float64)
 
 
 def two_sided_geometric(rate: float, n: int, rng: np.random.Generator) -> FloatArray:
-    """Discrete Laplace: ``P(K = k) = (1 − q)/(1 + q) · q^{|k|}``, ``q = e^{−rate}``
-    (the difference of two i.i.d. geometrics has exactly this law)."""
-    diff: FloatArray = geometric(rate, n, rng) - geometric(rate, n, rng)
-    return diff
+    """Discrete Laplace: ``P(K = k) = (1 − q)/(1 + q) · q^{|k|}``, ``q = e^{−rate}``.
+
+    ``|K|`` is 0 with probability ``(1 − q)/(1 + q) = tanh(rate/2)``, else ``1 + G``
+    (``P(|K| = m) = 2(1 − q) q^m / (1 + q)`` is that share of ``(1 − q) q^{m−1}``),
+    with a fair sign: one geometric a draw, not the two of ``G₁ − G₂``. The zero's
+    coin is a 64-bit comparison like the digits', off by at most 2⁻⁶⁴."""
+    magnitude = 1.0 + geometric(rate, n, rng)
+    zero_threshold = min(int(math.tanh(rate / 2.0) * _TWO_64), (1 << 64) - 1)
+    magnitude[rng.bit_generator.random_raw(n) < np.uint64(zero_threshold)] = 0.0
+    negative = rng.integers(0, 2, size=n, dtype=np.uint8).astype(bool)
+    out: FloatArray = np.where(negative, -magnitude, magnitude)
+    out += 0.0  # −0.0 + 0.0 is +0.0: a zero's sign is not a second coin in the output
+    return out

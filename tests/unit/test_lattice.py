@@ -41,11 +41,16 @@ def test_each_binary_digit_is_its_own_coin() -> None:
         assert abs(seen - p) < 5 * math.sqrt(p * (1 - p) / n), (i, seen, p)
 
 
-def test_two_sided_geometric_is_the_discrete_laplace() -> None:
-    rate, n = 0.4, 300_000
-    draws = two_sided_geometric(rate, n, np.random.default_rng(SEED)).astype(np.int64)
+@pytest.mark.parametrize(("rate", "half_width"), [(0.4, 15), (3.0, 3), (0.02, 300)])
+def test_two_sided_geometric_is_the_discrete_laplace(rate: float, half_width: int) -> None:
+    """Cell by cell, 0 and the tails included (a zero counted twice, or a zero's
+    coin off, fails at every rate: 3.0 puts 91 % of the mass on 0)."""
+    n = 300_000
+    raw = two_sided_geometric(rate, n, np.random.default_rng(SEED))
+    assert not np.signbit(raw[raw == 0]).any()
+    draws = raw.astype(np.int64)
     q = math.exp(-rate)
-    ks = np.arange(-15, 16)
+    ks = np.arange(-half_width, half_width + 1)
     expected = (1 - q) / (1 + q) * q ** np.abs(ks) * n
     observed = np.array([(draws == k).sum() for k in ks])
     expected = np.append(expected, n - expected.sum())
