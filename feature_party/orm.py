@@ -3,19 +3,20 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from shared.timestamps import UTCDateTime, utcnow
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 
-def utcnow() -> datetime:
-    """Naive UTC (stored as such on SQLite and Postgres alike)."""
-    return datetime.now(UTC).replace(tzinfo=None)
+#: Naive UTC in storage (``timestamp without time zone``), aware UTC when read.
+Timestamp = UTCDateTime(timezone=False)
 
 
 class Base(DeclarativeBase):
@@ -31,7 +32,7 @@ class FeatureSet(Base):
     columns: Mapped[list[Any]] = mapped_column()
     roles: Mapped[dict[str, Any]] = mapped_column()
     path: Mapped[str] = mapped_column(String(500))
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class ReceivedLabels(Base):
@@ -48,7 +49,7 @@ class ReceivedLabels(Base):
     num_labels: Mapped[int] = mapped_column(Integer)
     matched: Mapped[int] = mapped_column(Integer)
     unmatched: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class Job(Base):
@@ -66,10 +67,10 @@ class Job(Base):
     model_id: Mapped[str | None] = mapped_column(String(32))
     worker_id: Mapped[str | None] = mapped_column(String(200))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime)
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
 
 class Model(Base):
@@ -86,7 +87,7 @@ class Model(Base):
     task: Mapped[str] = mapped_column(String(32))
     loss: Mapped[str] = mapped_column(String(64))
     metrics: Mapped[dict[str, Any]] = mapped_column()
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class MultistageRun(Base):
@@ -104,6 +105,6 @@ class MultistageRun(Base):
     config: Mapped[dict[str, Any]] = mapped_column()
     state: Mapped[dict[str, Any]] = mapped_column()
     error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp)

@@ -10,39 +10,25 @@ that sums are exact on every database.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
-    DateTime,
-    Dialect,
     ForeignKey,
     Index,
     Integer,
     String,
     Text,
-    TypeDecorator,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from shared.timestamps import UTCDateTime, utcnow
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """Timezone-aware UTC datetimes on every backend (SQLite drops the zone)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value
+#: ``timestamp with time zone``, read as aware UTC whatever the connection's zone.
+Timestamp = UTCDateTime(timezone=True)
 
 
 class Base(DeclarativeBase):
@@ -58,8 +44,8 @@ class Client(Base):
     name: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(20))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
-    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(Timestamp, default=None)
 
 
 class Dataset(Base):
@@ -79,7 +65,7 @@ class Dataset(Base):
     num_labels: Mapped[int | None] = mapped_column(BigInteger, default=None)
     labels_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     created_by: Mapped[str] = mapped_column(String(36))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class Grant(Base):
@@ -89,7 +75,7 @@ class Grant(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
     client_id: Mapped[str] = mapped_column(ForeignKey("clients.id"), index=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class PartitionPlan(Base):
@@ -103,7 +89,7 @@ class PartitionPlan(Base):
     parts: Mapped[dict[str, Any]] = mapped_column(JSON)
     sha256: Mapped[str] = mapped_column(String(64))
     created_by: Mapped[str] = mapped_column(String(36))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class LedgerEntry(Base):
@@ -116,7 +102,7 @@ class LedgerEntry(Base):
     epsilon: Mapped[int] = mapped_column(BigInteger)
     delta: Mapped[int] = mapped_column(BigInteger)
     parts: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class Release(Base):
@@ -137,7 +123,7 @@ class Release(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
     request_fingerprint: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class ReleaseFailure(Base):
@@ -154,7 +140,7 @@ class ReleaseFailure(Base):
     mechanism: Mapped[str] = mapped_column(String(100))
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
     request_fingerprint: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class AuditEntry(Base):
@@ -191,7 +177,7 @@ class PriorSet(Base):
     num_classes: Mapped[int | None] = mapped_column(Integer, default=None)
     sha256: Mapped[str] = mapped_column(String(64))
     created_by: Mapped[str] = mapped_column(String(36))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
 class Training(Base):
@@ -223,7 +209,7 @@ class Training(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     worker_id: Mapped[str | None] = mapped_column(String(200), default=None)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp, default=None)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(Timestamp, default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp, default=None)

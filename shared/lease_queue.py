@@ -20,7 +20,7 @@ again (``attempts`` + 1; a clean hand-back gives its attempt back).
 :class:`LeaseQueue` is parameterized by the ORM class of the table, which must
 have the columns ``id, status, worker_id, attempts, lease_expires_at,
 created_at, started_at, finished_at, progress, error``, and by the process's
-clock (the features party stores naive UTC, the labels party aware UTC).
+clock (aware UTC, :func:`shared.timestamps.utcnow` in both parties).
 
 Leases are judged by one clock, the database's, on Postgres, where workers run
 on many hosts: judged by each worker's own clock, one running a minute fast took
@@ -73,14 +73,11 @@ class LeaseQueue(Generic[RowT]):
         self._t: Any = table  # column attributes, untyped for the generic class
 
     def now(self) -> datetime:
-        """The clock leases are judged by: the database's on Postgres, in the
-        convention (aware or naive UTC) of the process's clock."""
-        local = self.clock()
+        """The clock leases are judged by: the database's on Postgres (aware UTC)."""
         if self.session.get_bind().dialect.name != "postgresql":
-            return local
+            return self.clock()
         database: datetime = self.session.execute(select(func.clock_timestamp())).scalar_one()
-        database = database.astimezone(UTC)
-        return database if local.tzinfo is not None else database.replace(tzinfo=None)
+        return database.astimezone(UTC)
 
     def stalled(self, row: RowT) -> bool:
         """Whether ``row`` is running on a lease its worker let lapse: the worker

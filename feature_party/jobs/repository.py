@@ -10,8 +10,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from feature_party.errors import not_found
-from feature_party.orm import Job, Model, utcnow
+from feature_party.orm import Job, Model
 from shared.lease_queue import LeaseQueue
+from shared.timestamps import utcnow
 
 
 class JobRepository:

@@ -51,12 +51,13 @@ from feature_party.jobs.status import Status
 from feature_party.models.repository import ModelRepository
 from feature_party.multistage.schemas import RunStatus
 from feature_party.multistage.topk import in_top_k
-from feature_party.orm import FeatureSet, MultistageRun, ReceivedLabels, utcnow
+from feature_party.orm import FeatureSet, MultistageRun, ReceivedLabels
 from feature_party.received_labels import service as received
 from feature_party.received_labels.schemas import ReceivedLabelsCreate
 from feature_party.training.artifact import Predictor, load_artifact
 from feature_party.training.config import TrainingConfig
 from shared.protocol import MechanismChoice, ReleaseCreate
+from shared.timestamps import utcnow
 
 log = logging.getLogger("labeldp.feature_party.multistage")
 

@@ -27,8 +27,9 @@ from feature_party.multistage.schemas import (
     RunStatus,
     StageRead,
 )
-from feature_party.orm import MultistageRun, utcnow
+from feature_party.orm import MultistageRun
 from shared.pagination import Pager
+from shared.timestamps import utcnow
 
 #: A running run whose driver has not written for this long lost its service
 #: (killed without a clean stop): it reads as interrupted and may be resumed.

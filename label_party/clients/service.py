@@ -11,7 +11,8 @@ from label_party.audit import service as audit
 from label_party.auth import Principal, hash_token
 from label_party.clients import repository
 from label_party.exceptions import ConflictError, InvalidRequestError, NotFoundError
-from label_party.models import Client, Dataset, Grant, utcnow
+from label_party.models import Client, Dataset, Grant
+from shared.timestamps import utcnow
 
 
 def create(session: Session, principal: Principal, *, name: str, role: str) -> tuple[Client, str]:

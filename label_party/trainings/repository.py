@@ -5,9 +5,10 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from label_party.models import Training, utcnow
+from label_party.models import Training
 from shared import pagination
 from shared.lease_queue import LeaseQueue
+from shared.timestamps import utcnow
 
 
 def queue(session: Session) -> LeaseQueue[Training]:

@@ -21,8 +21,9 @@ from feature_party.db import Database, migrate
 from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.status import Status
 from feature_party.jobs.worker import Worker
-from feature_party.orm import Job, Model, utcnow
+from feature_party.orm import Job, Model
 from shared.lease_queue import LeaseQueue
+from shared.timestamps import utcnow
 from tests.feature_party.conftest import ADMIN, add_jobs, make_settings, seed_inputs
 from tests.file_limits import run_under_limit
 

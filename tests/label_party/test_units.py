@@ -210,3 +210,32 @@ def test_a_json_column_takes_a_number_that_is_not_finite_as_null(database_url: s
         database.dispose()
     assert stored == {"loss": None, "history": [{"norm": None}, {"norm": 1.5}]}
     assert json_columns.dumps({"a": (1.0, 2)}) == '{"a": [1.0, 2]}'  # finite: json.dumps's
+
+
+@pytest.mark.parametrize("zone_kept", [True, False], ids=["timestamptz", "timestamp"])
+def test_times_read_back_in_utc_whatever_the_connection_s_zone(
+    database_url: str, zone_kept: bool
+) -> None:
+    """Postgres answers ``timestamptz`` in the session's ``TimeZone``: with the
+    server set to New York the API said ``…-05:00`` (and a naive value bound for
+    such a column was read as New York time). Both parties' columns read aware UTC."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    import sqlalchemy as sa
+
+    from label_party.db import connect
+    from shared.timestamps import UTCDateTime
+
+    noon = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
+    given = [noon, noon.replace(tzinfo=None), noon.astimezone(timezone(timedelta(hours=5)))]
+    column = UTCDateTime(timezone=zone_kept)
+    database = connect(database_url)
+    try:
+        with database.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET TIME ZONE 'America/New_York'")
+            read = [conn.execute(sa.select(sa.literal(v, column))).scalar_one() for v in given]
+    finally:
+        database.dispose()
+    assert read == [noon] * 3
+    assert all(at.utcoffset() == timedelta(0) for at in read)
