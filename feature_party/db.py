@@ -8,12 +8,13 @@ service or a worker, one process at a time (``shared.migrations``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared import json_columns
@@ -78,12 +79,28 @@ def get_for_update(session: Session, entity: type[_Row], ident: str) -> _Row | N
     row and the later commit overwrote the earlier (an LP-MST run cancelled with a
     200 ended ``succeeded``): the session takes the database's write lock first,
     unless a write of its own already holds it."""
+    _sqlite_write_lock(session)
+    return session.get(entity, ident, with_for_update=True)
+
+
+def lock_name(session: Session, name: str) -> None:
+    """Serialize the transactions that lock ``name`` until each ends, where no row
+    exists yet to lock: Postgres's transaction-scoped advisory lock on a 64-bit
+    hash of it; on SQLite the database's write lock."""
+    if session.connection().dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        session.execute(select(func.pg_advisory_xact_lock(key)))
+    else:
+        _sqlite_write_lock(session)
+
+
+def _sqlite_write_lock(session: Session) -> None:
+    """Take SQLite's write lock now, unless a write of the session holds it already."""
     connection = session.connection()
     if connection.dialect.name == "sqlite":
         driver = connection.connection.driver_connection
         if driver is not None and not driver.in_transaction:
             driver.execute("BEGIN IMMEDIATE")  # waits out another writer (busy_timeout)
-    return session.get(entity, ident, with_for_update=True)
 
 
 #: ``session.info`` key: the session's transaction has flushed a write.

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from feature_party.client import ReleaseIntegrityError
 from feature_party.config import Settings
-from feature_party.db import end_reads
+from feature_party.db import end_reads, lock_name
 from feature_party.errors import ConflictError, InvalidInputError, UpstreamError
 from feature_party.feature_sets.ingest import ID, FeatureFile
 from feature_party.models.repository import ModelRepository
@@ -100,6 +100,12 @@ def import_training(
             extra = error.detail if isinstance(error.detail, dict) else {}
             error.detail = {"training_id": body.training_id, **extra}
             raise error from None
+    # Two imports of one training both found none above: the second to get here
+    # returns the first's model (the same bytes at the same path) instead of a twin.
+    lock_name(session, f"import-training-{training['id']}")
+    known = ModelRepository(session).imported(str(training["id"]), training["sha256"])
+    if known is not None:
+        return to_read(known), False
     return _register(session, settings, relative, training), True
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,19 @@ def test_feature_set_roles_inferred_and_declared(client: httpx.Client) -> None:
         data={"schema": json.dumps({"categorical": ["x0"]})},
     )
     assert r.status_code == 201, r.text
+
+
+def test_times_are_answered_in_utc(client: httpx.Client) -> None:
+    """The store keeps naive UTC; answers said ``…T20:00:00`` with no zone, so a
+    client west of Greenwich read every time hours off (the labels party says UTC)."""
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    made = upload(client, synthetic(5).features)
+    got = client.get(f"/v1/feature-sets/{made['id']}", headers=AUTH).json()
+    listed = client.get("/v1/feature-sets", headers=AUTH).json()
+    for stamp in (made["created_at"], got["created_at"], listed[-1]["created_at"]):
+        at = datetime.fromisoformat(stamp)
+        assert at.utcoffset() == timedelta(0), stamp
+        assert before <= at <= datetime.now(UTC), stamp
 
 
 @pytest.mark.parametrize(
@@ -985,6 +999,47 @@ def test_a_model_that_does_not_load_is_a_502_and_leaves_nothing(
     assert reason is None or reason in r.json()["message"]  # refused before it is built
     assert r.json()["detail"]["training_id"] == "t-1"
     assert not list((settings.data_dir / "models").rglob("*.pt"))
+
+
+def test_two_imports_of_one_training_at_once_register_one_model(client: httpx.Client) -> None:
+    """Both imports found no model, downloaded, and each registered one: two 201s
+    and two models for one training, where an import again answers 200 and the first."""
+    import hashlib
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi import FastAPI, Response
+
+    from tests.feature_party.fake_labels_party import serve_app
+
+    artifact = _artifact_bytes()
+    sha = hashlib.sha256(artifact).hexdigest()
+    both_downloading = threading.Barrier(2, timeout=30)
+    other = FastAPI()
+
+    @other.get("/v1/trainings/{training_id}")
+    def training(training_id: str) -> dict[str, str]:
+        return {"id": training_id, "status": "succeeded", "sha256": sha}
+
+    @other.get("/v1/trainings/{training_id}/model")
+    def model(training_id: str) -> Response:
+        both_downloading.wait()  # both imports are past their lookup
+        return Response(artifact, media_type="application/octet-stream",
+                        headers={"X-Content-SHA256": sha})  # fmt: skip
+
+    with serve_app(other) as url:
+        body = {"labels_party_url": url, "token": TOKEN, "training_id": "t-1"}
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(
+                lambda _: client.post("/v1/models/import", headers=AUTH, json=body), range(2)
+            ))  # fmt: skip
+        both_downloading.reset()
+        again = client.post("/v1/models/import", headers=AUTH, json=body)
+    assert sorted(r.status_code for r in answers) == [200, 201], [r.text for r in answers]
+    assert again.status_code == 200, again.text
+    ids = {r.json()["id"] for r in [*answers, again]}
+    listed = [m["id"] for m in client.get("/v1/models", headers=AUTH).json()]
+    assert len(ids) == 1 and listed == list(ids)
 
 
 @pytest.mark.parametrize("sha", ["../../../escaped/x", ""], ids=["a-path", "empty"])
