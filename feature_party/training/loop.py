@@ -426,6 +426,25 @@ class _Epochs:
         return (lam * per_example(raw, y) + (1 - lam) * per_example(raw, y[shuffle])).mean()
 
 
+class TrainingDivergedError(ValueError):
+    """The weights stopped being finite: the job fails, saying so, instead of
+    "succeeding" with a model that predicts NaN and a ``train_loss`` of null."""
+
+    def __init__(self, epoch: int, train_loss: float) -> None:
+        super().__init__(
+            f"training diverged in epoch {epoch}: the model's weights are no longer finite "
+            f"(mean training loss {train_loss:.4g}); lower learning_rate, or use a loss "
+            "and labels of a smaller scale"
+        )
+
+
+def _diverged(model: nn.Module) -> bool:
+    """Whether a weight is no longer finite. Under DDP every rank holds the same
+    weights, so every rank stops at the same epoch and none is left waiting in a
+    collective that its peers have quit (a rank's own loss would not agree)."""
+    return not all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
 def _metrics(
     record: _Record,
     data: TrainingData,
@@ -518,6 +537,8 @@ def train(
     for epoch in range(record.start_epoch, config.epochs):
         started = time.perf_counter()
         train_loss = epochs.run(epoch)
+        if _diverged(model):
+            raise TrainingDivergedError(epoch + 1, train_loss)
         seconds = time.perf_counter() - started
         val = _evaluate(model, data, data.validation, data.validation_targets, device)
         entry = {

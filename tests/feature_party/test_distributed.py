@@ -53,6 +53,27 @@ def test_two_gloo_processes_train_a_job(tmp_path: Path) -> None:
     database.dispose()
 
 
+@pytest.mark.slow
+def test_a_diverging_job_stops_on_every_rank_and_fails_saying_why(tmp_path: Path) -> None:
+    """The check reads the weights, which DDP keeps equal on every rank: a check of
+    each rank's own loss could stop one rank and leave the other in an all-reduce."""
+    settings = make_settings(tmp_path)
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    fs, labels = seed_inputs(database, settings, n=800)
+    [job_id] = add_jobs(database, fs, labels, 1, device="cpu", processes=2, epochs=3,
+                        learning_rate=10.0, optimizer="sgd", momentum=0.9, batch_size=16,
+                        hidden=[64], early_stopping_patience=None)  # fmt: skip
+    started = time.monotonic()
+    assert Worker(database, settings).run(once=True) == 1
+    with database.session() as session:
+        job = JobRepository(session).get(job_id)
+        assert job.status == Status.FAILED and job.attempts == 1, job.error
+        assert job.error is not None and "training diverged in epoch 1" in job.error
+    assert time.monotonic() - started < 120
+    database.dispose()
+
+
 def _ranks_of(run_dir: Path) -> list[int]:
     """Pids of the training ranks running in ``run_dir`` (from /proc)."""
     pids = []

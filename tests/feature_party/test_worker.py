@@ -191,11 +191,14 @@ def test_an_idle_worker_sweeps_what_killed_processes_left(
     assert registered.exists() and young.exists()
 
 
-def test_a_diverging_job_is_recorded_on_every_database(settings: Settings, tmp_path: Path) -> None:
+def test_a_diverging_job_fails_once_saying_why_on_every_database(
+    settings: Settings, tmp_path: Path
+) -> None:
     """Learning rate 10 with SGD drives the loss to NaN. JSON has no NaN: SQLite
     stored it and Postgres refused it, so there every heartbeat and the success
-    failed and the job ran five times before failing as "stopped responding". Both
-    now record it once, the number that is not finite as null."""
+    failed and the job ran five times before failing as "stopped responding". Then
+    it succeeded, with ``train_loss`` null and a model predicting NaN. It fails
+    once, after the epoch that diverged, and says so; its heartbeats' NaN is null."""
     database = Database(settings.resolved_database_url)
     migrate(database.engine)
     try:
@@ -208,7 +211,11 @@ def test_a_diverging_job_is_recorded_on_every_database(settings: Settings, tmp_p
         assert worker.claim() == job_id
         worker.run_job(job_id)
         job = job_row(database, job_id)
-        assert (job.status, job.attempts) == (Status.SUCCEEDED, 1), job.error
-        assert job.metrics is not None and job.metrics["train_loss"] is None
+        assert (job.status, job.attempts) == (Status.FAILED, 1), job.error
+        assert job.error is not None
+        assert "training diverged in epoch 1: the model's weights are no longer finite" in job.error
+        assert "lower learning_rate" in job.error
+        with database.session() as session:
+            assert JobRepository(session).models_of(job_id) == []
     finally:
         database.dispose()
