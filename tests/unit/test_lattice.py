@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from label_party.mechanisms import lattice
 from label_party.mechanisms.lattice import LATTICE_STEPS, geometric, two_sided_geometric
 from label_party.mechanisms.registry import fit
 
@@ -41,12 +42,20 @@ def test_each_binary_digit_is_its_own_coin() -> None:
         assert abs(seen - p) < 5 * math.sqrt(p * (1 - p) / n), (i, seen, p)
 
 
-@pytest.mark.parametrize(("rate", "half_width"), [(0.4, 15), (3.0, 3), (0.02, 300)])
-def test_two_sided_geometric_is_the_discrete_laplace(rate: float, half_width: int) -> None:
+@pytest.mark.parametrize(
+    ("rate", "half_width", "bits"),
+    [(0.4, 15, np.random.PCG64), (3.0, 3, np.random.PCG64), (0.02, 300, np.random.PCG64),
+     (0.4, 15, np.random.MT19937), (0.4, 15, np.random.Philox)],
+)  # fmt: skip
+def test_two_sided_geometric_is_the_discrete_laplace(
+    rate: float, half_width: int, bits: type[np.random.BitGenerator]
+) -> None:
     """Cell by cell, 0 and the tails included (a zero counted twice, or a zero's
-    coin off, fails at every rate: 3.0 puts 91 % of the mass on 0)."""
+    coin off, fails at every rate: 3.0 puts 91 % of the mass on 0), with any bit
+    generator: MT19937's raw words have 32 bits, and as 64-bit coins every one
+    came up heads (P(K = 0) was 1)."""
     n = 300_000
-    raw = two_sided_geometric(rate, n, np.random.default_rng(SEED))
+    raw = two_sided_geometric(rate, n, np.random.Generator(bits(SEED)))
     assert not np.signbit(raw[raw == 0]).any()
     draws = raw.astype(np.int64)
     q = math.exp(-rate)
@@ -56,6 +65,20 @@ def test_two_sided_geometric_is_the_discrete_laplace(rate: float, half_width: in
     expected = np.append(expected, n - expected.sum())
     observed = np.append(observed, n - observed.sum())
     assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+def test_a_large_rate_keeps_its_rare_nonzero_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drawn as ``tanh(rate/2)``, P(K = 0) rounds to 1 from rate 38 on and the coin
+    gave K ≠ 0 with probability 2⁻⁶⁴ instead of 2/(1 + e^rate) (4·10⁻¹⁷ at 39): an
+    effective ε of 45. Words just under that probability's bound give K ≠ 0."""
+    rate = 39.0
+    bound = 2.0 / (1.0 + math.exp(rate)) * 2.0**64  # about 747 of 2⁶⁴ words
+    for word, nonzero in ((int(bound) - 40, True), (int(bound) + 40, False)):
+        words = np.uint64(word)
+        monkeypatch.setattr(lattice, "_words", lambda n, rng, w=words: np.full(n, w))
+        draws = two_sided_geometric(rate, 1_000, np.random.default_rng(SEED))
+        assert np.all((draws != 0) == nonzero), word
+        assert np.all(np.abs(draws) <= 1)  # the digits' coins: far rarer still
 
 
 def _porous(outputs: np.ndarray) -> float:
