@@ -28,9 +28,11 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = DateTime
     cache_ok = True
 
-    def __init__(self, *, timezone: bool) -> None:
+    def __init__(self, timezone: bool = False) -> None:
         super().__init__(timezone=timezone)
-        self.timezone = timezone  # named as the argument: SQLAlchemy's cache key reads it
+        # Positional-or-keyword and stored under its own name: SQLAlchemy's cache
+        # key reads such arguments (a keyword-only one gave both variants one key).
+        self.timezone = timezone
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:

@@ -100,13 +100,16 @@ def import_training(
             extra = error.detail if isinstance(error.detail, dict) else {}
             error.detail = {"training_id": body.training_id, **extra}
             raise error from None
+    predictor = _loaded_import(settings, relative, training)
     # Two imports of one training both found none above: the second to get here
     # returns the first's model (the same bytes at the same path) instead of a twin.
+    # Locked only now, after the download and the load: the lock holds SQLite's
+    # write lock (every worker's heartbeat) or, on Postgres, a pooled connection.
     lock_name(session, f"import-training-{training['id']}")
     known = ModelRepository(session).imported(str(training["id"]), training["sha256"])
     if known is not None:
         return to_read(known), False
-    return _register(session, settings, relative, training), True
+    return _register(session, relative, training, predictor), True
 
 
 #: What loading bytes that are not a model raises (torch's zip reader, pickle, our
@@ -123,12 +126,11 @@ MODEL_FORMAT_ERRORS = (
 )
 
 
-def _register(
-    session: Session, settings: Settings, relative: Path, training: dict[str, Any]
-) -> ModelRead:
+def _loaded_import(settings: Settings, relative: Path, training: dict[str, Any]) -> Predictor:
+    """The downloaded model, loaded; 502 ``invalid_model`` if its bytes are no model."""
     path = settings.data_dir / relative
     try:
-        predictor = _predictor(str(path.resolve()))
+        return _predictor(str(path.resolve()))
     except MODEL_FORMAT_ERRORS as exc:  # the hash-checked bytes are no model: theirs
         path.unlink(missing_ok=True)  # not kept where a later import would find it
         raise UpstreamError(
@@ -136,6 +138,11 @@ def _register(
             code="invalid_model",
             detail={"training_id": training["id"]},
         ) from None
+
+
+def _register(
+    session: Session, relative: Path, training: dict[str, Any], predictor: Predictor
+) -> ModelRead:
     metrics = {
         "labels_party_training_id": training["id"],
         "dataset_id": training.get("dataset_id"),

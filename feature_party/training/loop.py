@@ -427,8 +427,10 @@ class _Epochs:
 
 
 class TrainingDivergedError(ValueError):
-    """The weights stopped being finite: the job fails, saying so, instead of
-    "succeeding" with a model that predicts NaN and a ``train_loss`` of null."""
+    """The weights stopped being finite before any epoch was best on validation:
+    the job fails, saying so, instead of "succeeding" with a model that predicts
+    NaN and a ``train_loss`` of null. (After one was, training stops and that
+    epoch's weights are the model: ``metrics.diverged_in_epoch`` says when.)"""
 
     def __init__(self, epoch: int, train_loss: float) -> None:
         super().__init__(
@@ -534,11 +536,15 @@ def train(
         report_every_seconds,
     )
     stopped_early = False
+    diverged_in_epoch: int | None = None
     for epoch in range(record.start_epoch, config.epochs):
         started = time.perf_counter()
         train_loss = epochs.run(epoch)
         if _diverged(model):
-            raise TrainingDivergedError(epoch + 1, train_loss)
+            if record.best_state is None:
+                raise TrainingDivergedError(epoch + 1, train_loss)
+            diverged_in_epoch = epoch + 1  # the best earlier weights are the model
+            break
         seconds = time.perf_counter() - started
         val = _evaluate(model, data, data.validation, data.validation_targets, device)
         entry = {
@@ -564,4 +570,5 @@ def train(
     metrics = _metrics(
         record, data, stopped_early=stopped_early, device=device, world_size=world_size, mode=mode
     )
+    metrics["diverged_in_epoch"] = diverged_in_epoch
     return TrainResult(model=model.cpu(), metrics=metrics, history=record.history)

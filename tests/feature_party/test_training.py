@@ -241,6 +241,41 @@ def test_early_stopping(tmp_path: Path) -> None:
     assert result.metrics["epochs_run"] < 50
 
 
+def test_a_run_that_diverges_after_its_best_epoch_keeps_that_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Weights that stop being finite in epoch 3, after a validated best: training
+    stops there and the best epoch's weights are the model (the job succeeds,
+    saying when it diverged). Before any best epoch the run fails instead."""
+    from feature_party.training import loop
+
+    run = loop._Epochs.run
+
+    def diverging_in_3(self: Any, epoch: int) -> float:
+        loss = run(self, epoch)
+        if epoch == 2:
+            with torch.no_grad():
+                next(self.net.parameters()).fill_(float("nan"))
+        return loss
+
+    monkeypatch.setattr(loop._Epochs, "run", diverging_in_3)
+    fp, lp, _ = write_data(tmp_path, 1000)
+    config = TrainingConfig(epochs=6, batch_size=100, hidden=[8], early_stopping_patience=None)
+    data = load_training_data(
+        features_path=fp, labels_path=lp, roles=ROLES, config=config, manifest={}
+    )
+    result = train(data, config, device=torch.device("cpu"))
+    assert result.metrics["diverged_in_epoch"] == 3
+    assert result.metrics["epochs_run"] == 2 and result.metrics["train_loss"] is not None
+    assert all(bool(torch.isfinite(p).all()) for p in result.model.parameters())
+    no_validation = TrainingConfig(**{**config.model_dump(), "validation_fraction": 0.0})
+    data = load_training_data(
+        features_path=fp, labels_path=lp, roles=ROLES, config=no_validation, manifest={}
+    )
+    with pytest.raises(loop.TrainingDivergedError, match="training diverged in epoch 3"):
+        train(data, no_validation, device=torch.device("cpu"))
+
+
 def test_a_feature_column_named_label_is_a_feature(tmp_path: Path) -> None:
     """The join named the received label "label" too: a feature of that name made
     two columns of one name, and a job accepted with a full join failed at load."""
