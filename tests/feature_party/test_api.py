@@ -7,6 +7,7 @@ import io
 import json
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -953,6 +954,31 @@ def _artifact_bytes(*, hidden: list[int] | None = None, num_numeric: int = 2) ->
     return buffer.getvalue()
 
 
+def _labels_party_with_one_training(
+    artifact: bytes, *, before_download: Callable[[], object] = lambda: None
+) -> Any:
+    """A labels party (a FastAPI app) whose every training succeeded with
+    ``artifact`` as its model; ``before_download`` runs as each download starts."""
+    import hashlib
+
+    from fastapi import FastAPI, Response
+
+    sha = hashlib.sha256(artifact).hexdigest()
+    app = FastAPI()
+
+    @app.get("/v1/trainings/{training_id}")
+    def training(training_id: str) -> dict[str, str]:
+        return {"id": training_id, "status": "succeeded", "sha256": sha}
+
+    @app.get("/v1/trainings/{training_id}/model")
+    def model(training_id: str) -> Response:
+        before_download()
+        return Response(artifact, media_type="application/octet-stream",
+                        headers={"X-Content-SHA256": sha})  # fmt: skip
+
+    return app
+
+
 @pytest.mark.parametrize(
     "artifact",
     [b"not a torch file", b"", "huge", "too wide"],
@@ -966,8 +992,6 @@ def test_a_model_that_does_not_load_is_a_502_and_leaves_nothing(
     1.5 kB artifact declaring hidden [20000, 20000] allocated 1.8 GB before its
     weights were found not to fit; one wider than its preprocessing was
     registered and then answered every prediction with a 500."""
-    import hashlib
-
     why = {"huge": "architecture does not match its weights", "too wide": "mat1 and mat2"}
     reason = why.get(artifact) if isinstance(artifact, str) else None
     if artifact == "huge":
@@ -976,23 +1000,9 @@ def test_a_model_that_does_not_load_is_a_502_and_leaves_nothing(
         artifact = _artifact_bytes(num_numeric=3)
     assert isinstance(artifact, bytes)
 
-    from fastapi import FastAPI, Response
-
     from tests.feature_party.fake_labels_party import serve_app
 
-    sha = hashlib.sha256(artifact).hexdigest()
-    other = FastAPI()
-
-    @other.get("/v1/trainings/{training_id}")
-    def training(training_id: str) -> dict[str, str]:
-        return {"id": training_id, "status": "succeeded", "sha256": sha}
-
-    @other.get("/v1/trainings/{training_id}/model")
-    def model(training_id: str) -> Response:
-        return Response(artifact, media_type="application/octet-stream",
-                        headers={"X-Content-SHA256": sha})  # fmt: skip
-
-    with serve_app(other) as url:
+    with serve_app(_labels_party_with_one_training(artifact)) as url:
         body = {"labels_party_url": url, "token": TOKEN, "training_id": "t-1"}
         r = client.post("/v1/models/import", headers=AUTH, json=body)
     assert r.status_code == 502 and r.json()["error"] == "invalid_model", r.text
@@ -1004,30 +1014,16 @@ def test_a_model_that_does_not_load_is_a_502_and_leaves_nothing(
 def test_two_imports_of_one_training_at_once_register_one_model(client: httpx.Client) -> None:
     """Both imports found no model, downloaded, and each registered one: two 201s
     and two models for one training, where an import again answers 200 and the first."""
-    import hashlib
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from fastapi import FastAPI, Response
-
     from tests.feature_party.fake_labels_party import serve_app
 
-    artifact = _artifact_bytes()
-    sha = hashlib.sha256(artifact).hexdigest()
-    both_downloading = threading.Barrier(2, timeout=30)
-    other = FastAPI()
-
-    @other.get("/v1/trainings/{training_id}")
-    def training(training_id: str) -> dict[str, str]:
-        return {"id": training_id, "status": "succeeded", "sha256": sha}
-
-    @other.get("/v1/trainings/{training_id}/model")
-    def model(training_id: str) -> Response:
-        both_downloading.wait()  # both imports are past their lookup
-        return Response(artifact, media_type="application/octet-stream",
-                        headers={"X-Content-SHA256": sha})  # fmt: skip
-
-    with serve_app(other) as url:
+    both_downloading = threading.Barrier(2, timeout=30)  # both are past their lookup
+    labels_party = _labels_party_with_one_training(
+        _artifact_bytes(), before_download=both_downloading.wait
+    )
+    with serve_app(labels_party) as url:
         training_id = f"t-{os.urandom(4).hex()}"  # Postgres: the session's database is shared
         body = {"labels_party_url": url, "token": TOKEN, "training_id": training_id}
         with ThreadPoolExecutor(2) as pool:
