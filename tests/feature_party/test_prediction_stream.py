@@ -148,7 +148,8 @@ def test_a_prediction_holds_a_few_times_its_file_not_its_rows_as_objects(
 ) -> None:
     """1,000,000 narrow rows (16 MB of CSV): read whole and answered as Python lists,
     the prediction's peak was 33× the file (``bench.bench_predict_memory``);
-    read and answered by batches it is under 8×."""
+    read and answered by batches it is 7.2–7.8× here and was 8.2× once on CI (the
+    Arrow reader's threads and glibc's arenas vary), so the bound is 10×."""
     n = 1_000_000
     path = tmp_path / "rows.csv"
     with path.open("w") as f:
@@ -162,4 +163,4 @@ def test_a_prediction_holds_a_few_times_its_file_not_its_rows_as_objects(
     peak, sent = map(int, out.stdout.split())
     size = path.stat().st_size
     assert sent > size  # the answer is bigger than the file: ids and numbers again
-    assert peak < 8 * size, f"peak {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file"
+    assert peak < 10 * size, f"peak {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file"
