@@ -219,23 +219,29 @@ class StaircaseNoise:
 
     period: float
     split: float
-    decay: float
+    #: ``−log b``: ε (or ε/Δ), kept exact. Recovering it from ``1 − b`` failed once
+    #: ``−expm1(−ε)`` rounds to 1 (ε ≳ 37.4): every such release failed after its
+    #: ε was reserved.
+    rate: float
     discrete: bool
-    #: ``1 − decay`` computed without cancellation (``−expm1(−ε)``).
-    one_minus_decay: float
 
     def __post_init__(self) -> None:
         if not (0.0 < self.split <= self.period):
             raise MechanismError("staircase split must lie in (0, period]")
-        if not (0.0 <= self.decay < 1.0):
-            raise MechanismError("staircase decay must lie in [0, 1)")
+        if not self.rate > 0.0:
+            raise MechanismError("staircase rate must be > 0")
 
     # -- shape ----------------------------------------------------------------
 
     @property
-    def rate(self) -> float:
-        """``−log b``, from ``1 − b`` without cancellation (∞ for ``b = 0``)."""
-        return -math.log1p(-self.one_minus_decay) if self.decay > 0 else math.inf
+    def decay(self) -> float:
+        """``b = e^{−rate}`` (0 once it underflows, past rate ≈ 745)."""
+        return math.exp(-self.rate)
+
+    @property
+    def one_minus_decay(self) -> float:
+        """``1 − b`` without cancellation."""
+        return -math.expm1(-self.rate)
 
     @property
     def level(self) -> float:
@@ -308,7 +314,7 @@ class StaircaseNoise:
         negative = u < 0.5
         v = 2.0 * u - np.where(negative, 0.0, 1.0)
         high = v < p_high
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             w = np.where(high, v / p_high, (v - p_high) / p_low)
         np.minimum(w, np.nextafter(1.0, 0.0), out=w)
         if self.discrete:
@@ -409,18 +415,17 @@ class StaircaseNoise:
 
 def continuous_staircase(delta: float, epsilon: float, gamma: float) -> StaircaseNoise:
     """Definition 25 with period Δ and ``b = e^{−ε}``."""
-    return StaircaseNoise(delta, gamma * delta, math.exp(-epsilon), False, -math.expm1(-epsilon))
+    return StaircaseNoise(delta, gamma * delta, epsilon, False)
 
 
 def discrete_staircase(delta: int, epsilon: float, r: int) -> StaircaseNoise:
     """Definition 24 with integer period Δ, ``1 ≤ r ≤ Δ`` and ``b = e^{−ε}``."""
-    return StaircaseNoise(float(delta), float(r), math.exp(-epsilon), True, -math.expm1(-epsilon))
+    return StaircaseNoise(float(delta), float(r), epsilon, True)
 
 
 def discrete_laplace(delta: int, epsilon: float) -> StaircaseNoise:
     """``DLap(Δ/ε)`` (Definition 22): pmf ∝ ``t^{|z|}`` with ``t = e^{−ε/Δ}``."""
-    rate = epsilon / delta
-    return StaircaseNoise(1.0, 1.0, math.exp(-rate), True, -math.expm1(-rate))
+    return StaircaseNoise(1.0, 1.0, epsilon / delta, True)
 
 
 def optimal_gamma(epsilon: float, loss: Loss = "squared") -> float:

@@ -85,15 +85,21 @@ HIGH_EPSILON_CHOICE = (
 )
 
 
-def _auto(request: FitRequest) -> Mechanism:
-    """The mechanism the papers found best for the declared training loss."""
+def _auto_choice(loss: Loss, epsilon: float) -> tuple[str, str]:
+    """``auto``'s mechanism for ``loss`` at ``epsilon``, and why: public inputs only."""
     from label_party.mechanisms.unbiased import MAX_EPSILON  # HiGHS: only when used
 
-    if request.loss not in AUTO_CHOICES:
-        raise MechanismError(f"auto has no choice for the {request.loss!r} loss")
-    name, reason = AUTO_CHOICES[request.loss]
-    if name == "unbiased" and request.epsilon > MAX_EPSILON:
-        name, reason = HIGH_EPSILON_CHOICE
+    if loss not in AUTO_CHOICES:
+        raise MechanismError(f"auto has no choice for the {loss!r} loss")
+    name, reason = AUTO_CHOICES[loss]
+    if name == "unbiased" and epsilon > MAX_EPSILON:
+        return HIGH_EPSILON_CHOICE
+    return name, reason
+
+
+def _auto(request: FitRequest) -> Mechanism:
+    """The mechanism the papers found best for the declared training loss."""
+    name, reason = _auto_choice(request.loss, request.epsilon)
     chosen = MECHANISMS[name].factory(request)
     assert isinstance(chosen, FiniteMechanism)
     return replace(chosen, params={**chosen.params, "selected_by": "auto", "reason": reason})
@@ -188,6 +194,16 @@ def get_spec(name: str) -> MechanismSpec:
         known = ", ".join(sorted(MECHANISMS))
         shown = repr(name) if len(name) <= 64 else f"{name[:64]!r}… ({len(name)} characters)"
         raise MechanismError(f"unknown mechanism {shown}; known: {known}") from None
+
+
+def uses_prior(name: str, *, loss: Loss, epsilon: float) -> bool:
+    """Whether ``name`` fitted at ``epsilon`` for ``loss`` reads a prior, so that a
+    release must spend ε₁ on one: ``auto``'s answer is its choice's (above ε = 16
+    it picks ``debiased-rr``, which reads none)."""
+    spec = get_spec(name)
+    if name == "auto" and loss in AUTO_CHOICES:
+        return get_spec(_auto_choice(loss, epsilon)[0]).uses_prior
+    return spec.uses_prior
 
 
 def fit(

@@ -47,7 +47,7 @@ from label_party.mechanisms.base import (
     MechanismError,
     check_epsilon,
 )
-from label_party.mechanisms.registry import fit, get_spec
+from label_party.mechanisms.registry import fit, get_spec, uses_prior
 from label_party.priors import (
     IntegerRandom,
     default_prior_epsilon,
@@ -107,6 +107,18 @@ def check_plan(plan: ReleasePlan, task: str) -> None:
             raise InvalidRequestError(f"{plan.mechanism} does not use a prior; omit prior_epsilon")
         if spec.uses_prior and not 0 < plan.prior_epsilon < plan.epsilon:
             raise InvalidRequestError("prior_epsilon must be > 0 and below epsilon")
+        if spec.uses_prior and not reads_prior(plan):
+            raise InvalidRequestError(
+                f"{plan.mechanism} uses no prior at ε − prior_epsilon = "
+                f"{plan.epsilon - plan.prior_epsilon}; omit prior_epsilon"
+            )
+
+
+def reads_prior(plan: ReleasePlan) -> bool:
+    """Whether the release spends ε₁ on a prior: at ε − ε₁ when ε₁ is set, else at ε
+    (``auto`` above ε = 16 picks a mechanism that reads none: its ε₁ was wasted)."""
+    epsilon = plan.epsilon - (plan.prior_epsilon or 0)
+    return uses_prior(plan.mechanism, loss=plan.loss, epsilon=float(epsilon))
 
 
 def preflight(plan: ReleasePlan, num_labels: int) -> ReleasePlan:
@@ -122,8 +134,7 @@ def preflight(plan: ReleasePlan, num_labels: int) -> ReleasePlan:
         raise InvalidRequestError("the release's scope holds no labelled examples")
     if prior_source(plan) == "example":
         return plan  # fitted per example to the prior set's rows: checked with them
-    spec = get_spec(plan.mechanism)
-    if spec.uses_prior and prior_source(plan) == "global":
+    if prior_source(plan) == "global" and reads_prior(plan):
         plan = replace(plan, prior_epsilon=prior_split(plan, plan.domain.grid().size, num_labels))
     epsilon = plan.epsilon - (plan.prior_epsilon or 0)
     params = {k: v for k, v in plan.params.items() if k not in ("prior_source", "prior_id")}
@@ -168,7 +179,7 @@ def _uniform_fit_problem(
     grid = parsed.grid()
     bounds = (parsed.min, parsed.max) if isinstance(parsed, RegressionDomain) else None
     try:
-        fit(
+        mech = fit(
             mechanism,
             epsilon=float(epsilon),
             values=grid,
@@ -179,6 +190,12 @@ def _uniform_fit_problem(
         )
     except MechanismError as exc:
         return str(exc)
+    try:
+        # Every grid value once: a sampler that fails whatever the labels (it did,
+        # for the staircase at ε ≳ 37) is refused here, before ε is reserved.
+        mech.sample(grid, rng=np.random.default_rng(0))
+    except Exception as exc:
+        return f"{mechanism} cannot sample at this ε on this domain ({type(exc).__name__})"
     return None
 
 
@@ -256,7 +273,8 @@ def randomize(
 
     prior_eps = Decimal(0)
     prior: np.ndarray = np.full(k, 1.0 / k)
-    if spec.uses_prior:
+    with_prior = reads_prior(plan)
+    if with_prior:
         assert rows is not None
         prior_eps = prior_split(plan, k, n)
         prior = np.asarray(laplace_histogram(rows, k, epsilon=prior_eps, rng=prior_rng), np.float64)
@@ -290,7 +308,7 @@ def randomize(
     description = mech.describe()
     return Randomized(
         description=description,
-        prior=prior.tolist() if spec.uses_prior else None,
+        prior=prior.tolist() if with_prior else None,
         prior_epsilon=prior_eps,
         num_labels=n,
     )

@@ -128,6 +128,20 @@ def test_discrete_laplace_is_dlap_of_scale_delta_over_epsilon() -> None:
     assert discrete_laplace(d, eps).second_moment() == pytest.approx(2 * t / (1 - t) ** 2)
 
 
+@pytest.mark.parametrize("eps", [37.5, 40.0, 100.0, 744.0, 800.0])
+def test_staircase_noise_samples_where_one_minus_its_decay_rounds_to_one(eps: float) -> None:
+    """``1 − e^{−ε}`` is 1.0 in floats past ε ≈ 37.4. The rate read back from it
+    raised there, so every such release failed after its ε was reserved."""
+    rng = np.random.default_rng(SEED)
+    stairs = discrete_staircase(10, eps, 3), continuous_staircase(10.0, eps, 0.3)
+    dlap = discrete_laplace(2, 2 * eps)
+    assert [noise.rate for noise in (*stairs, dlap)] == [eps, eps, eps]
+    # Beyond the central step the mass is at most e^{−ε} < 6e−17: no draw lands there.
+    assert np.all(np.abs(stairs[0].sample(10_000, rng)) <= 2)  # {−(r−1), …, r−1}
+    assert np.all(np.abs(stairs[1].sample(10_000, rng)) < 3.0)  # (−γΔ, γΔ)
+    assert np.all(dlap.sample(10_000, rng) == 0)
+
+
 @pytest.mark.parametrize("gamma", [0.05, 0.3, 0.9])
 def test_continuous_staircase_matches_definition_25(gamma: float) -> None:
     eps, d = 0.8, 5.0
@@ -215,7 +229,7 @@ def test_continuous_staircase_density_ratio_for_every_shift(
 def test_ratio_check_catches_a_wrong_staircase() -> None:
     """Negative control: decay e^{−ε} per half period (a plausible bug) breaks ε-DP."""
     eps, delta = 1.0, 5.0
-    wrong = StaircaseNoise(delta / 2, 0.3 * delta / 2, math.exp(-eps), False, -math.expm1(-eps))
+    wrong = StaircaseNoise(delta / 2, 0.3 * delta / 2, eps, False)
     z = np.linspace(-20, 20, 4001)
     assert _max_ratio(wrong, delta, z, np.linspace(0, delta, 101)) > math.exp(eps) * 1.5
 
