@@ -22,6 +22,7 @@ prior in the set, or the release is refused (422) before anything is spent.
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from label_party.labels.validation import (
 from label_party.ledger.service import lock_dataset
 from label_party.models import Dataset, PriorSet
 from label_party.storage import labels_path, write_table
+from shared.jsonl import MAX_DEPTH, deepest
 
 
 class InvalidPriorsError(InvalidRequestError):
@@ -142,6 +144,8 @@ def _columns_of(source: IO[bytes], fmt: FileFormat) -> list[str]:
             if line.strip():
                 first = line
                 break
+        if deepest(io.BytesIO(first)) > MAX_DEPTH:  # json.loads would recurse that deep
+            raise InvalidLabelsError(f"the file nests deeper than {MAX_DEPTH} levels", [])
         try:
             obj = json.loads(first) if first else {}
         except ValueError:

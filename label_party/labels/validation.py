@@ -64,13 +64,22 @@ def file_format(filename: str | None, content_type: str | None) -> FileFormat:
     raise InvalidRequestError("the file must be .csv, .parquet or .jsonl (by its name or type)")
 
 
+#: Bytes of a CSV's first line read for its column names.
+HEADER_BYTES = 1 << 20
+
+
 def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = COLUMNS) -> pa.Table:
     """Read ``columns``; an unreadable file is one file-level error (no parser text)."""
     try:
         if fmt == "parquet":
-            _require_columns(pq.ParquetFile(source).schema_arrow.names, columns)
+            names = pq.ParquetFile(source).schema_arrow.names
+            _refuse_repeated(names, columns)
+            _require_columns(names, columns)
             table = read_parquet_bounded(source, list(columns))
         elif fmt == "csv":
+            # Arrow's include_columns keeps the first of two same-named columns silently.
+            _refuse_repeated(pcsv.open_csv(source).schema.names, columns)  # its first block
+            source.seek(0)
             table = pcsv.read_csv(
                 source,
                 convert_options=pcsv.ConvertOptions(
@@ -107,10 +116,21 @@ def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = CO
 
 
 def _csv_header(source: IO[bytes]) -> list[str]:
-    """The CSV's column names, read on the error path to name a missing column."""
+    """The CSV's column names, read on the error path to name a missing column:
+    from at most its first :data:`HEADER_BYTES` (a name cut off there is dropped)."""
     source.seek(0)
-    line = source.readline().decode("utf-8-sig", errors="replace")
-    return next(csv.reader([line]), [])
+    raw = source.readline(HEADER_BYTES)
+    try:
+        names = next(csv.reader([raw.decode("utf-8-sig", errors="replace")]), [])
+    except csv.Error:  # a name beyond the csv module's 128 KiB field limit
+        return []
+    return names if raw.endswith(b"\n") or len(raw) < HEADER_BYTES else names[:-1]
+
+
+def _refuse_repeated(names: list[str], columns: tuple[str, ...]) -> None:
+    repeated = [c for c in columns if names.count(c) > 1]
+    if repeated:
+        raise InvalidLabelsError(f"the file has column(s) {', '.join(repeated)} more than once", [])
 
 
 def _text(value: object) -> str | None:

@@ -101,6 +101,9 @@ def test_json_lines_nested_thousands_deep_are_refused_not_a_crash(make_server: A
         (f"/v1/datasets/{ds}/labels", {}, deep.replace(b'"part"', b'"label"')),
         (f"/v1/datasets/{ds}/partitions", {}, deep),
         (f"/v1/datasets/{ds}/priors", {"kind": "groups"}, deep.replace(b'"part"', b'"group"')),
+        # json.loads reads a probabilities file's first row for its columns: it recursed.
+        (f"/v1/datasets/{ds}/priors", {"kind": "probabilities"},
+         deep.replace(b'"part"', b'"prior"')),
         (f"/v1/datasets/{ds}/trainings", {"spec": json.dumps({"epsilon": 1})},
          deep.replace(b'"part"', b'"x"')),
     ]  # fmt: skip
@@ -129,3 +132,26 @@ def test_json_lines_ids_without_text_are_typed_like_arrow_types_them() -> None:
         raise AssertionError("boolean ids were accepted")
     mixed = b'{"example_id": 1, "label": 1}\n{"example_id": "c", "label": "2"}\n'
     assert read_table(io.BytesIO(mixed), "jsonl").column("example_id").to_pylist() == ["1", "c"]
+
+
+def test_a_file_naming_a_column_it_reads_twice_is_refused(server: Server) -> None:
+    """Arrow's CSV reader kept the first of two ``label`` (or ``example_id``)
+    columns and dropped the other without a word; the features party refuses it."""
+    admin = server.client()
+    ds = create_dataset(admin)
+    for body in (b"example_id,label,label\nu1,1,2\n", b"example_id,example_id,label\nu1,u2,1\n"):
+        _refused(_labels(admin, ds, "l.csv", body), "more than once")
+    twice = pa.table([pa.array(["u1"]), pa.array([1.0]), pa.array([2.0])],
+                     names=["example_id", "label", "label"])  # fmt: skip
+    _refused(_labels(admin, ds, "l.parquet", _parquet(twice)), "label more than once")
+    parts = b"example_id,part,part\nu1,a,b\n"
+    r = admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("p.csv", parts)})
+    _refused(r, "part more than once")
+    # An unread column may repeat.
+    assert _labels(admin, ds, "l.csv", b"example_id,x,x,label\nu1,a,b,1\n").status_code == 200
+    # A name past Arrow's 1 MiB block, or the csv module's 128 KiB field limit (a
+    # 500 on the error path that names missing columns), is a file-level 422.
+    for size in (1 << 20, 1 << 18):
+        long = b"example_id,label," + b"y" * size + b"\nu2,1,z\n"
+        assert _labels(admin, ds, "l.csv", long).status_code in (200, 422)
+        assert _labels(admin, ds, "l.csv", long.replace(b"label,", b"")).status_code == 422
