@@ -21,6 +21,28 @@ PrivacyAmount = Annotated[
     Decimal, PlainSerializer(lambda d: float(d), return_type=float, when_used="json")
 ]
 
+#: The labels party's ledger counts ε in units of 10⁻¹² and δ in units of 10⁻¹⁸,
+#: at most 2⁶² units: an amount it cannot hold exactly is refused, never rounded.
+EPSILON_SCALE = 10**12
+DELTA_SCALE = 10**18
+MAX_UNITS = 2**62
+
+
+def ledger_units(amount: Decimal, scale: int, what: str) -> int:
+    """``amount`` in the ledger's units of ``1/scale``; :class:`ValueError` saying
+    why for one it cannot hold (the features party checks an ε it will forward
+    with this before acting on it)."""
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"{what} must be a finite non-negative number")
+    scaled = amount * scale
+    if scaled != scaled.to_integral_value():
+        raise ValueError(f"{what} has more than {len(str(scale)) - 1} decimal places")
+    units = int(scaled)
+    if units > MAX_UNITS:
+        raise ValueError(f"{what} is too large: at most {Decimal(MAX_UNITS) / scale:f}")
+    return units
+
+
 PARQUET_MEDIA_TYPE = "application/vnd.apache.parquet"
 
 Task = Literal["regression", "classification"]

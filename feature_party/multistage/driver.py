@@ -210,7 +210,7 @@ class Driver:
         )
         try:
             with self.database.session() as session:
-                got = received.receive(session, self.settings, request)
+                got, _created = received.receive(session, self.settings, request)
         except FeaturePartyError as exc:
             raise RunFailedError(f"stage {t}: the release failed: {exc}") from None
         counts = got.manifest.get("mechanism", {}).get("params", {}).get("k_star_counts")

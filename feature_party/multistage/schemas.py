@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Self
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from feature_party.received_labels.schemas import DatasetId, LabelsPartyUrl
 from feature_party.training.config import TrainingConfig
+from shared.protocol import EPSILON_SCALE, ledger_units
 from shared.tokens import BearerToken
 
 #: The split of the examples over two stages in ``labeldp-pro.txt`` Appendix D.1.
@@ -90,6 +92,14 @@ class MultistageCreate(BaseModel):
     )
 
     _classifier_by_default = field_validator("training", mode="before")(_classifier_defaults)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _ledger_holds(cls, value: float) -> float:
+        """Refused here, not by stage 1's release once the partition plan, which
+        cannot be replaced, is registered at the labels party."""
+        ledger_units(Decimal(str(value)), EPSILON_SCALE, "epsilon")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from feature_party.deps import SessionDep, SettingsDep
 from feature_party.exception_handlers import ERROR_RESPONSES
@@ -40,18 +40,33 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=201, response_model=ReceivedLabelsRead)
+@router.post(
+    "",
+    status_code=201,
+    response_model=ReceivedLabelsRead,
+    responses={
+        200: {
+            "model": ReceivedLabelsRead,
+            "description": "the feature set holds this release already (a retry): its row",
+        }
+    },
+)
 def receive_labels(
     session: SessionDep,
     settings: SettingsDep,
     body: ReceivedLabelsCreate,
+    response: Response,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> ReceivedLabelsRead:
     """Request or fetch a release, verify it, and join it to a feature set. The
-    ``Idempotency-Key`` header is the new release's ``idempotency_key``."""
+    ``Idempotency-Key`` header is the new release's ``idempotency_key``. A release
+    the feature set holds already (a retry) answers 200 with the row it has."""
     if idempotency_key is not None:
         body = service.with_header_key(body, idempotency_key)
-    return service.receive(session, settings, body)
+    received, created = service.receive(session, settings, body)
+    if not created:
+        response.status_code = 200
+    return received
 
 
 @router.get(

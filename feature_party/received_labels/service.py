@@ -293,7 +293,10 @@ def _store(
 
 def receive(
     session: Session, settings: Settings, request: ReceivedLabelsCreate
-) -> ReceivedLabelsRead:
+) -> tuple[ReceivedLabelsRead, bool]:
+    """The received release and whether it was recorded now (False: this feature set
+    holds it already, as a retry whose answer was lost finds it, and that row is
+    the answer)."""
     feature_set = FeatureSetRepository(session).get(request.feature_set_id)
     end_reads(session)
     request = _with_key(request)
@@ -305,6 +308,11 @@ def receive(
             if request.release is not None:
                 _check_room(settings, client, request.dataset_id, tmp)
             manifest = _fetch(client, request, tmp)
+        known = ReceivedLabelsRepository(session).find(
+            feature_set.id, request.labels_party_url, request.dataset_id, manifest.id
+        )
+        if known is not None:
+            return to_read(known), False
         try:
             matched, unmatched, relative = _store(settings, feature_set, manifest, tmp)
         except FeaturePartyError as exc:
@@ -333,7 +341,7 @@ def receive(
         ),
         request,
     )
-    return to_read(row)
+    return to_read(row), True
 
 
 def _record_naming_release(

@@ -10,23 +10,14 @@ from __future__ import annotations
 from decimal import Decimal
 
 from label_party.exceptions import InvalidRequestError
-
-EPSILON_SCALE = 10**12
-DELTA_SCALE = 10**18
-MAX_UNITS = 2**62
+from shared.protocol import DELTA_SCALE, EPSILON_SCALE, ledger_units
 
 
 def _to_units(amount: Decimal, scale: int, what: str) -> int:
-    if not amount.is_finite() or amount < 0:
-        raise InvalidRequestError(f"{what} must be a finite non-negative number")
-    scaled = amount * scale
-    if scaled != scaled.to_integral_value():
-        digits = len(str(scale)) - 1
-        raise InvalidRequestError(f"{what} has more than {digits} decimal places")
-    units = int(scaled)
-    if units > MAX_UNITS:
-        raise InvalidRequestError(f"{what} is too large: at most {Decimal(MAX_UNITS) / scale:f}")
-    return units
+    try:
+        return ledger_units(amount, scale, what)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
 
 
 def epsilon_units(amount: Decimal) -> int:

@@ -38,7 +38,6 @@ from label_party.datasets.domain import ClassificationDomain, RegressionDomain, 
 from label_party.example_priors.service import LoadedPriors
 from label_party.exceptions import InvalidRequestError
 from label_party.labels.validation import LABELS_SCHEMA
-from label_party.ledger.units import EPSILON_SCALE
 from label_party.mechanisms import rounding
 from label_party.mechanisms.base import (
     FiniteMechanism,
@@ -55,6 +54,7 @@ from label_party.priors import (
     laplace_histogram,
 )
 from label_party.storage import ROW_GROUP, label_batches
+from shared.protocol import EPSILON_SCALE
 
 #: Options no request may set: randomness comes from the OS (DESIGN.md §3.5).
 SEED_OPTIONS = frozenset({"seed", "rng", "random_state", "random_seed"})

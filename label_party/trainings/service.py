@@ -60,13 +60,7 @@ from label_party.exceptions import (
 from label_party.labels.validation import FileFormat
 from label_party.ledger import service as ledger
 from label_party.ledger.accounting import Cost
-from label_party.ledger.units import (
-    DELTA_SCALE,
-    delta_decimal,
-    delta_units,
-    epsilon_decimal,
-    epsilon_units,
-)
+from label_party.ledger.units import delta_decimal, delta_units, epsilon_decimal, epsilon_units
 from label_party.models import Dataset, LedgerEntry, Training
 from label_party.storage import (
     labels_path,
@@ -81,6 +75,7 @@ from shared.columns import ColumnTypeError, as_keys, as_numbers
 from shared.jsonl import TooDeepError, read_json_lines
 from shared.lease_queue import Status
 from shared.parquet import ParquetTooLargeError, publish_by_hash, read_parquet_bounded, temp_path
+from shared.protocol import DELTA_SCALE
 
 logger = logging.getLogger("label_party.trainings")
 

@@ -301,10 +301,11 @@ def test_receive_train_predict(
     assert received["release_id"] == "rel-1"
     stored = settings.data_dir / "received" / f"{received['sha256']}.parquet"
     assert stored.exists()
-    # Fetching the same release again by id is free: no new spend at the labels party.
+    # Fetching the same release again by id is free: no new spend at the labels party,
+    # and no second row for it in this feature set.
     again = receive(client, labels_party, fs["id"], release=None, release_id="rel-1")
-    assert again.status_code == 201, again.text
-    assert again.json()["sha256"] == received["sha256"]
+    assert again.status_code == 200, again.text
+    assert again.json() == received
     assert labels_party.spent == 1.0
 
     r = client.post(
@@ -481,8 +482,11 @@ def test_the_idempotency_key_header_is_the_release_s_key(
     keyed = {**AUTH, "Idempotency-Key": "retry-me-1"}
     first = client.post("/v1/received-labels", headers=keyed, json=body)
     again = client.post("/v1/received-labels", headers=keyed, json=body)
-    assert first.status_code == again.status_code == 201, again.text
-    assert first.json()["release_id"] == again.json()["release_id"]
+    assert (first.status_code, again.status_code) == (201, 200), again.text
+    # The retry's answer is the row the first made, not a second row for one release.
+    assert again.json() == first.json()
+    listed = client.get("/v1/received-labels", headers=AUTH, params={"feature_set_id": fs["id"]})
+    assert [row["id"] for row in listed.json()] == [first.json()["id"]]
     assert labels_party.spent == 1.0 and "retry-me-1" in labels_party.by_key
     other = {**body, "release": {**body["release"], "idempotency_key": "another"}}
     r = client.post("/v1/received-labels", headers=keyed, json=other)
@@ -533,6 +537,11 @@ def test_a_download_that_fails_after_the_release_names_the_release(
     again = receive(client, labels_party, fs["id"], release=None, release_id=release_id)
     assert again.status_code == 201, again.text
     assert labels_party.spent == 1.0  # one release, paid once
+    twice = receive(client, labels_party, fs["id"], release=None, release_id=release_id)
+    assert twice.status_code == 200 and twice.json()["id"] == again.json()["id"]
+    elsewhere = upload(client, data.features)  # another feature set records its own row
+    assert receive(client, labels_party, elsewhere["id"], release=None,
+                   release_id=release_id).status_code == 201  # fmt: skip
 
 
 def test_a_release_whose_answer_was_lost_names_its_idempotency_key(
@@ -639,7 +648,7 @@ def test_no_database_connection_is_held_while_the_labels_party_answers(
         }
     )
     with database.session() as session:
-        received = received_labels_service.receive(session, settings, request)
+        received, _created = received_labels_service.receive(session, settings, request)
     assert received.matched == len(ids)
     assert held == [0]
     database.dispose()

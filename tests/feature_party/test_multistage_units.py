@@ -89,6 +89,10 @@ def test_request_defaults_and_checks() -> None:
         # Without a task the training is a classifier's: the refusal names the loss.
         ({"training": {"loss": "rr-debiased-cross-entropy"}}, "use loss cross-entropy"),
         ({"epsilon": 0}, "greater than 0"),
+        # What the labels party's ledger cannot hold is refused before a partition
+        # plan, which nothing replaces, is registered there.
+        ({"epsilon": 1e-13}, "more than 12 decimal places"),
+        ({"epsilon": 5e6}, "too large"),
         ({"labels_party_url": "ftp://x"}, "pattern"),
     ):
         with pytest.raises(ValidationError, match=message):
