@@ -7,6 +7,7 @@ by the caller.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -75,13 +76,21 @@ def preview(
         outputs, matrix = fitted.outputs.tolist(), fitted.matrix.tolist()
     described = fitted.describe()
     try:
-        loss_value = fitted.noisy_label_loss(v, p, loss_name)
-        max_abs_bias = float(np.max(np.abs(fitted.bias(v))))
+        with np.errstate(over="ignore", invalid="ignore"):
+            loss_value = fitted.noisy_label_loss(v, p, loss_name)
+            max_abs_bias = float(np.max(np.abs(fitted.bias(v))))
     except (OverflowError, FloatingPointError) as exc:
         raise MechanismError(
             f"{mechanism}'s loss or bias overflows on these values ({type(exc).__name__}): "
             "narrow their range"
         ) from None
+    if not (math.isfinite(loss_value) and math.isfinite(max_abs_bias)):
+        # JSON has no infinity: the answer said null where it promised a number.
+        raise MechanismError(
+            f"{mechanism}'s expected {chosen} loss or bias is not finite on these values: "
+            "their range overflows floats, or an output lies outside the loss's domain "
+            "(the Poisson loss of an output ≤ 0)"
+        )
     return {
         "mechanism": mechanism,
         "selected": described["name"],

@@ -377,6 +377,15 @@ def test_a_domain_whose_noise_overflows_a_float_is_refused_free(server: Server) 
                "prior": [0.5, 0.5]}  # fmt: skip
     r = admin.post("/v1/mechanisms/preview", json=preview)
     assert r.status_code == 422 and r.json()["error"] == "invalid_mechanism", r.text
+    # A loss that numpy took to inf without raising was answered as a null number.
+    for overflowing in (
+        {"mechanism": "rr-on-bins", "epsilon": 1, "values": [0, 1e308], "prior": [0.5, 0.5]},
+        {"mechanism": "laplace", "epsilon": 1, "values": [1, 2], "prior": [0.5, 0.5],
+         "loss": "poisson"},  # Laplace outputs reach ≤ 0: an infinite Poisson loss
+    ):  # fmt: skip
+        r = admin.post("/v1/mechanisms/preview", json=overflowing)
+        assert r.status_code == 422 and r.json()["error"] == "invalid_mechanism", r.text
+    assert "not finite" in r.json()["message"]  # (the first warns here: tests raise warnings)
 
 
 def test_a_domain_whose_kind_is_not_the_task_s_is_refused(server: Server) -> None:
