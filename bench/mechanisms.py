@@ -12,7 +12,13 @@ import platform
 import sys
 import time
 
-MODULES = ["bench_rr_on_bins", "bench_unbiased", "bench_sampling", "bench_additive"]
+MODULES = [
+    "bench_rr_on_bins",
+    "bench_unbiased",
+    "bench_sampling",
+    "bench_additive",
+    "bench_rr_classes",
+]
 
 
 def main() -> int:

@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         version="0.1.0",
         description="Feature sets, received label-DP releases, training jobs and models.",
         lifespan=lifespan,
+        redoc_url=None,  # one open API reference, /docs (docs/README.md)
     )
     app.state.settings = settings
     app.state.admin_token = admin_token

@@ -36,9 +36,16 @@ from shared.worker_loop import WorkerBusyError, run_queue_worker
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``labeldp feature-party …``."""
     fp = commands.add_parser(
         "feature-party", help="the features party: service, worker and client commands"
     )
+    _add_actions(fp)
+
+
+def _add_actions(fp: argparse.ArgumentParser) -> None:
+    """The actions under ``fp``: ``labeldp feature-party`` or ``python -m feature_party``
+    (argparse fixes each usage line's prefix as a parser is added)."""
     sub = fp.add_subparsers(dest="feature_party_command", required=True, metavar="ACTION")
 
     epilog = settings_epilog(
@@ -131,7 +138,8 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
     ms = sub.add_parser(
         "multistage",
         help="LP-MST: multi-stage training with RRWithPrior across both parties",
-        description="Runs rr-with-prior-lp-mst.txt Algorithm 3 through the features-party "
+        description="Runs LP-MST (Algorithm 3 of Ghazi et al., 'Deep Learning with Label "
+        "Differential Privacy', NeurIPS 2021; docs/papers.md) through the features-party "
         "service (which needs a worker). The labels-party client token comes from "
         "LABELDP_LABELS_PARTY_TOKEN, never from the command line; the command "
         "authenticates to the features party with its admin token, LABELDP_ADMIN_TOKEN.",
@@ -382,10 +390,13 @@ def _watch_run(url: str, run_id: str, *, interval: float) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m feature_party")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    register(commands)
-    args = parser.parse_args(["feature-party", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(
+        prog="python -m feature_party",
+        description="The features party: service, worker and client commands "
+        "(the same as `labeldp feature-party`).",
+    )
+    _add_actions(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         result: int = args.handler(args)
     except CommandError as exc:

@@ -186,7 +186,8 @@ def register_feature_sets(sub: argparse._SubParsersAction[argparse.ArgumentParse
     )
     upload.add_argument(
         "file",
-        help="Parquet (named .parquet or .pq, or by its content); any other file is read as CSV",
+        help="Parquet (named .parquet or .pq, or by its content) or CSV (any other name, "
+        "except JSON, Excel, Avro, ORC, Feather and Arrow names, which are refused)",
     )
     upload.add_argument(
         "--schema",

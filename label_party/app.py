@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Label-DP releases of a labels party's data, against an ε budget per dataset.",
         lifespan=lifespan,
+        redoc_url=None,  # one open API reference, /docs (docs/README.md)
     )
     app.state.settings = settings
     app.state.preview_slots = threading.BoundedSemaphore(settings.max_concurrent_previews)

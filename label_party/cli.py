@@ -258,8 +258,8 @@ def _add_connection(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--token",
         default=os.environ.get("LABELDP_TOKEN"),
         help="a bearer token (default: $LABELDP_TOKEN, which keeps it out of ps and shell "
-        "history): the admin's, or a client's for what a client may do (releases, budget, "
-        "trainings of its granted datasets)",
+        "history): the admin's; a client's for what a client may do (releases, budget, "
+        "trainings of its granted datasets); an auditor's for budget and verify-audit",
     )
     return p
 
@@ -289,7 +289,10 @@ def _register_client_commands(
         "trainings spend δ)",
     )  # fmt: skip
     p.set_defaults(handler=_create_dataset)
-    p = add("list-datasets", "print the datasets you may see (a client: its granted ones) as JSON")
+    p = add(
+        "list-datasets",
+        "print the datasets you may see as JSON (the admin: all; a client: its granted ones)",
+    )
     p.set_defaults(handler=lambda a: _print(_request(a, "GET", "/v1/datasets")))
     p = add("list-releases", "print a dataset's releases (yours, or all for the admin) as JSON")
     p.add_argument("dataset", help="the dataset's id")
@@ -357,10 +360,10 @@ def _register_client_commands(
         "--format", choices=["parquet", "json"], default="parquet", help="(default: parquet)"
     )
     p.set_defaults(handler=_download)
-    p = add("budget", "a dataset's budget and spend")
+    p = add("budget", "a dataset's budget and spend (admin, its clients, auditors)")
     p.add_argument("dataset", help="the dataset's id")
     p.set_defaults(handler=_budget)
-    p = add("verify-audit", "recompute the audit chain and the ledger")
+    p = add("verify-audit", "recompute the audit chain and the ledger (admin, auditors)")
     p.add_argument(
         "--anchor",
         help="a head an earlier verify-audit printed (SEQ:HASH): fail unless the chain "

@@ -120,3 +120,16 @@ def test_a_worker_whose_heartbeat_cannot_keep_its_lease_does_not_start(
     assert f"{heartbeat} (30) must be at most half of {lease} (8)" in done.stderr
     assert "Traceback" not in done.stderr
     assert not any(tmp_path.iterdir())  # refused before touching anything
+
+
+def test_python_m_feature_party_prints_usage_lines_that_run() -> None:
+    """Its usage lines said ``python -m feature_party feature-party serve …``, a
+    command that fails (invalid choice)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for args in (["--help"], ["jobs", "get", "--help"]):
+        usage = subprocess.run(
+            [sys.executable, "-m", "feature_party", *args],
+            capture_output=True, text=True, check=True, env=env,
+        ).stdout.splitlines()[0]  # fmt: skip
+        assert usage.startswith(" ".join(["usage: python -m feature_party", *args[:-1]]))
+        assert "feature-party" not in usage, usage

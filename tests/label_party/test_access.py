@@ -195,6 +195,7 @@ def test_no_endpoint_serves_raw_labels(server: Server) -> None:
 def test_openapi_declares_every_endpoint_and_its_errors(server: Server) -> None:
     anonymous = server.client(None)
     assert anonymous.get("/docs").status_code == 200
+    assert anonymous.get("/redoc").status_code == 404  # not a second, undocumented one
     spec = anonymous.get("/openapi.json").json()
     assert "ErrorBody" in spec["components"]["schemas"]
     for path, operations in spec["paths"].items():
