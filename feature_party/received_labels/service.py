@@ -28,7 +28,7 @@ from feature_party.client import (
     ReleaseIntegrityError,
 )
 from feature_party.config import Settings
-from feature_party.db import end_reads
+from feature_party.db import end_reads, lock_name
 from feature_party.errors import (
     ConflictError,
     FeaturePartyError,
@@ -308,11 +308,9 @@ def receive(
             if request.release is not None:
                 _check_room(settings, client, request.dataset_id, tmp)
             manifest = _fetch(client, request, tmp)
-        known = ReceivedLabelsRepository(session).find(
-            feature_set.id, request.labels_party_url, request.dataset_id, manifest.id
-        )
-        if known is not None:
-            return to_read(known), False
+        known = _known(session, feature_set.id, request, manifest.id)
+        if known is not None:  # a retry: no join to count again
+            return known, False
         try:
             matched, unmatched, relative = _store(settings, feature_set, manifest, tmp)
         except FeaturePartyError as exc:
@@ -324,6 +322,14 @@ def receive(
     finally:
         tmp.unlink(missing_ok=True)
 
+    # Two receipts of one release at once both found none above: the second to get
+    # here answers with the first's row (the file is the same, by hash). Locked only
+    # now, after the download and the join: on SQLite this is the write lock.
+    lock_name(session, f"receive-{feature_set.id}-{request.labels_party_url}-"
+                       f"{request.dataset_id}-{manifest.id}")  # fmt: skip
+    known = _known(session, feature_set.id, request, manifest.id)
+    if known is not None:
+        return known, False
     row = _record_naming_release(
         session,
         ReceivedLabels(
@@ -342,6 +348,15 @@ def receive(
         request,
     )
     return to_read(row), True
+
+
+def _known(
+    session: Session, feature_set_id: str, request: ReceivedLabelsCreate, release_id: str
+) -> ReceivedLabelsRead | None:
+    row = ReceivedLabelsRepository(session).find(
+        feature_set_id, request.labels_party_url, request.dataset_id, release_id
+    )
+    return None if row is None else to_read(row)
 
 
 def _record_naming_release(

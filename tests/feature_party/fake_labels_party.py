@@ -65,6 +65,8 @@ class FakeLabelsParty:
     wrong_hash: bool = False
     on_release: Callable[[], None] | None = None
     """called while a release POST is being answered"""
+    on_download: Callable[[], None] | None = None
+    """called while a release's labels GET is being answered"""
     mechanism_fails: bool = False
     """charge every new release and answer 422 release_failed (replayed by key)"""
     failed_keys: set[str] = field(default_factory=set)
@@ -128,6 +130,8 @@ class FakeLabelsParty:
         def labels(release_id: str, format: str = "json") -> Any:
             if release_id not in self.releases:
                 return error(404, "not_found", "no such release")
+            if self.on_download is not None:
+                self.on_download()
             if self.fail_gets > 0:
                 self.fail_gets -= 1
                 return error(500, "internal_error", "boom")

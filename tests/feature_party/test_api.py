@@ -1049,6 +1049,32 @@ def test_two_imports_of_one_training_at_once_register_one_model(client: httpx.Cl
     assert len(ids) == 1 and listed == list(ids)
 
 
+def test_two_receipts_of_one_release_at_once_record_one_row(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    """Both found no row for the release, downloaded, and each recorded one: two 201s
+    and two rows, where a receipt again answers 200 with the first."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = synthetic(30)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    made = receive(client, labels_party, upload(client, data.features)["id"])
+    assert made.status_code == 201, made.text
+    fs = upload(client, data.features)["id"]
+    labels_party.on_download = threading.Barrier(2, timeout=30).wait  # both are downloading
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(
+            lambda _: receive(client, labels_party, fs, release=None,
+                              release_id=made.json()["release_id"]),
+            range(2),
+        ))  # fmt: skip
+    assert sorted(r.status_code for r in answers) == [200, 201], [r.text for r in answers]
+    listed = client.get("/v1/received-labels", headers=AUTH, params={"feature_set_id": fs})
+    assert [row["id"] for row in listed.json()] == [answers[0].json()["id"]]
+    assert answers[0].json() == answers[1].json()
+
+
 @pytest.mark.parametrize("sha", ["../../../escaped/x", ""], ids=["a-path", "empty"])
 def test_a_training_whose_sha256_is_no_hash_is_refused_before_a_file_is_named(
     client: httpx.Client, settings: Settings, sha: str
