@@ -208,6 +208,9 @@ class Driver:
                 idempotency_key=f"lpmst-{run.id}-{t}",
             ),
         )
+        # A cancel committed since this step began (on another replica, whose wake
+        # never reaches this driver) must not be followed by a spend.
+        self._heartbeat()
         try:
             with self.database.session() as session:
                 got, _created = received.receive(session, self.settings, request)

@@ -13,11 +13,12 @@ from feature_party.config import Settings
 from feature_party.db import Database, migrate
 from feature_party.jobs.repository import JobRepository
 from feature_party.multistage import service
+from feature_party.multistage.driver import Driver, _Superseded
 from feature_party.multistage.schemas import MultistageCreate, MultistageResume, RunStatus
 from feature_party.orm import MultistageRun
 from shared.errors import ServiceError
 from tests.feature_party.conftest import add_jobs, seed_inputs
-from tests.feature_party.fake_labels_party import tcp_server
+from tests.feature_party.fake_labels_party import TOKEN, FakeLabelsParty, tcp_server
 
 RESUME = MultistageResume(token="t")
 
@@ -236,4 +237,33 @@ def test_a_cancel_during_a_drivers_last_write_is_not_lost(settings: Settings) ->
         final = session.get(MultistageRun, run_id)
         assert final is not None and final.status == RunStatus.SUCCEEDED
     assert outcome == {"cancel": "run_finished"}
+    database.dispose()
+
+
+def test_a_run_cancelled_elsewhere_spends_no_further_release(
+    settings: Settings, labels_party: FakeLabelsParty
+) -> None:
+    """A DELETE on another replica commits the cancel, but its wake reaches only that
+    replica's drivers: this one checked its in-memory stop, then asked for the
+    stage's release and spent its ε after the run read "cancelled"."""
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    feature_set_id, _ = seed_inputs(database, settings)
+    body = MultistageCreate.model_validate(
+        {"feature_set_id": feature_set_id, "labels_party_url": labels_party.url,
+         "token": TOKEN, "dataset_id": labels_party.dataset_id, "epsilon": 1.0}
+    )  # fmt: skip
+    with database.session() as session:
+        run_id = service.create(session, body).id
+    driver = Driver(database, settings, run_id, TOKEN, threading.Event())
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        assert run is not None
+        driver.run, driver.config = run, dict(run.config)
+        session.expunge(run)
+    with database.session() as session:  # the other replica's DELETE
+        service.cancel(session, run_id)
+    with pytest.raises(_Superseded):
+        driver._release({"stages": [{"stage": 1, "part": "lpmst-1"}]}, 1)
+    assert labels_party.spent == 0 and labels_party.releases == {}
     database.dispose()
