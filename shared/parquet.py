@@ -37,28 +37,33 @@ def temp_path(directory: Path, suffix: str = ".tmp") -> Path:
 
 
 def publish_by_hash(tmp: Path, directory: Path, extension: str = ".parquet") -> tuple[Path, str]:
-    """Move a finished temporary file to ``directory/<sha256><extension>``.
-
-    Returns the final path and the hash. The file is fsynced before the rename and
-    the directory after it, so that a row committed next never points at a file
-    that a power loss can take back: without the second, the rename may reach
-    the disk after the commit, and the start-up sweep deletes ``tmp/``. A
-    ``directory`` on another filesystem than ``tmp`` (an operator's mount) gets a
-    copy, written beside its final name and renamed there.
-    """
+    """Move a finished temporary file to ``directory/<sha256><extension>``
+    (:func:`publish`); the final path and the hash."""
     sha = sha256_file(tmp)
+    final = directory / f"{sha}{extension}"
+    publish(tmp, final)
+    return final, sha
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Move a finished temporary file to ``final``, durably.
+
+    The file is fsynced before the rename and the directory after it, so that a
+    row committed next never points at a file that a power loss can take back:
+    without the second, the rename may reach the disk after the commit, and the
+    start-up sweep deletes ``tmp/``. A ``final`` on another filesystem than
+    ``tmp`` (an operator's mount) gets a copy, written beside it and renamed there.
+    """
     with tmp.open("rb") as fh:
         os.fsync(fh.fileno())
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"{sha}{extension}"
+    final.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(tmp, final)
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
         _copy_across(tmp, final)
-    fsync_directory(directory)
-    return final, sha
+    fsync_directory(final.parent)
 
 
 def _copy_across(tmp: Path, final: Path) -> None:

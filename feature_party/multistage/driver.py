@@ -56,6 +56,7 @@ from feature_party.received_labels import service as received
 from feature_party.received_labels.schemas import ReceivedLabelsCreate
 from feature_party.training.artifact import Predictor, load_artifact
 from feature_party.training.config import TrainingConfig
+from shared.parquet import publish
 from shared.protocol import MechanismChoice, ReleaseCreate
 from shared.timestamps import utcnow
 
@@ -274,7 +275,7 @@ class Driver:
         tmp = final.with_name(f".{sha}.{uuid.uuid4().hex}.tmp")
         try:
             tmp.write_bytes(body)
-            tmp.replace(final)
+            publish(tmp, final)  # durable before its row commits
         finally:
             tmp.unlink(missing_ok=True)
         run, epsilon = self.run, self.config["epsilon"]

@@ -46,7 +46,7 @@ from feature_party.received_labels.schemas import ReceivedLabelsCreate, Received
 from feature_party.training.dataset import count_join
 from shared.errors import storage_problem
 from shared.pagination import Pager
-from shared.parquet import ParquetTooLargeError, read_parquet_bounded
+from shared.parquet import ParquetTooLargeError, publish, read_parquet_bounded
 from shared.protocol import ReleaseRead
 from shared.spending import merged_key
 
@@ -286,8 +286,7 @@ def _store(
             unmatched=unmatched,
         )
     relative = Path("received") / f"{manifest.sha256}.parquet"
-    (settings.data_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-    tmp.replace(settings.data_dir / relative)
+    publish(tmp, settings.data_dir / relative)  # durable before its row commits
     return matched, unmatched, relative
 
 

@@ -1049,6 +1049,34 @@ def test_two_imports_of_one_training_at_once_register_one_model(client: httpx.Cl
     assert len(ids) == 1 and listed == list(ids)
 
 
+def test_a_received_release_is_on_disk_before_its_row_commits(
+    client: httpx.Client,
+    settings: Settings,
+    labels_party: FakeLabelsParty,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The file was renamed into received/ with no fsync of it or of the directory:
+    after a power loss a committed row could name a missing or empty file, and a
+    retry then found that row and answered with it."""
+    data = synthetic(30)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    fs = upload(client, data.features)
+    received = settings.data_dir / "received"
+    synced: list[tuple[Path, bool]] = []  # (path, whether received/ held a file yet)
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        stored = received.exists() and any(received.iterdir())
+        synced.append((Path(os.readlink(f"/proc/self/fd/{fd}")), stored))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    r = receive(client, labels_party, fs["id"])
+    assert r.status_code == 201, r.text
+    file_synced = [path for path, stored in synced if path.suffix == ".parquet" and not stored]
+    assert file_synced and (received, True) in synced, synced
+
+
 def test_two_receipts_of_one_release_at_once_record_one_row(
     client: httpx.Client, labels_party: FakeLabelsParty
 ) -> None:
