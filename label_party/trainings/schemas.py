@@ -31,9 +31,13 @@ class TrainingSpec(BaseModel):
     ``cnn`` is ``labeldp-pro.txt`` Table 10a's CNN over ``image_shape`` (the numeric
     columns are the pixels, row-major); ``mlp`` a fully connected net with ``hidden``
     layers.
+
+    Strict: a training spends its (ε, δ) for good, so a value of the wrong JSON type
+    (``"epochs": true``, ``"smoothing": false``, ``"hidden": ["16"]``) is refused,
+    not coerced into a training nobody asked for (integers still pass as numbers).
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     epsilon: PrivacyAmount = Field(gt=0)
     delta: PrivacyAmount | None = Field(default=None, gt=0, lt=1)

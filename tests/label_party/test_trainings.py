@@ -444,6 +444,26 @@ def test_an_infeasible_spec_is_refused_before_any_spend(server: Server, granted:
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
+def test_a_spec_value_of_the_wrong_json_type_is_refused_not_coerced(
+    server: Server, granted: Any
+) -> None:
+    """Lax parsing trained on ``"epochs": true`` as 1 epoch, ``"smoothing": false``
+    as λ = 0 (uniform labels) and ``"hidden": ["16", true]`` as [16, 1], and
+    charged for it."""
+    admin, client, dataset_id, ids, labels = granted
+    budget = admin.get(f"/v1/datasets/{dataset_id}/budget").json()
+    for wrong in ({"epochs": True}, {"smoothing": False}, {"hidden": ["16", True]},
+                  {"expected_batch_size": "10"}, {"epochs": 3.0}):  # fmt: skip
+        r = submit(client, dataset_id, tabular(ids, labels), **{**CHEAP, "epsilon": 1, **wrong})
+        assert r.status_code == 422, (wrong, r.text)
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json() == budget
+    assert client.get(f"/v1/datasets/{dataset_id}/trainings").json() == []
+    # Integers are numbers, and a decimal string is an exact ε, as before.
+    r = submit(client, dataset_id, tabular(ids, labels),
+               **{**CHEAP, "epsilon": "0.5", "delta": 1e-5, "learning_rate": 1})  # fmt: skip
+    assert r.status_code == 201, r.text
+
+
 def test_the_worker_releases_only_the_accepted_plan(server: Server, granted: Any) -> None:
     """The trainer runs the stored plan's σ only if its ε is within the spec's: a plan
     with too little noise (here half the calibrated σ) fails the training, no model."""
