@@ -63,6 +63,7 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "Upload larger than the configured limit",
         422: "Invalid request",
         429: "busy: as much of this work as the service takes at once is running; see Retry-After",
+        500: "file_missing: the stored file is gone from the data directory (restore a backup)",
         507: "The data directory has no room or cannot be written (nothing spent)",
     }
     return {s: {"model": ErrorBody, "description": descriptions[s]} for s in statuses}

@@ -79,6 +79,14 @@ class StorageUnavailableError(LabelPartyError):
     code = "storage_unavailable"
 
 
+class FileMissingError(LabelPartyError):
+    """A persisted file a row names is gone from the data directory (an operator's
+    mistake, or a restore that missed it): its download cannot be answered."""
+
+    status_code = 500
+    code = "file_missing"
+
+
 class BusyError(LabelPartyError):
     """As many of some bounded work as the service takes at once is running."""
 

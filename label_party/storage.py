@@ -44,6 +44,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from label_party.config import Settings
+from label_party.exceptions import FileMissingError
 from label_party.models import Dataset, PartitionPlan, PriorSet, Release, Training
 from shared.lease_queue import Status
 from shared.parquet import publish_by_hash, temp_path
@@ -105,6 +106,21 @@ def partition_path(settings: Settings, plan: PartitionPlan) -> Path:
 
 def release_path(settings: Settings, sha256: str) -> Path:
     return settings.releases_dir / f"{sha256}.parquet"
+
+
+def persisted(settings: Settings, path: Path, what: str) -> Path:
+    """``path``, a file a committed row names, for a download; ``file_missing``
+    (logged, with its place in the data directory) when it is gone, where the
+    download failed with an anonymous 500 midway through its answer."""
+    if path.is_file():
+        return path
+    where = path.relative_to(settings.data_dir) if path.is_relative_to(settings.data_dir) else path
+    fields = {"what": what, "file": str(where)}
+    logger.error("a persisted file is missing", extra={"fields": fields})
+    raise FileMissingError(
+        f"the stored file of {what} is missing from the labels party's data directory "
+        f"({where}): its operator must restore it from a backup"
+    )
 
 
 def training_features_dir(settings: Settings) -> Path:

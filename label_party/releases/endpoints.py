@@ -18,7 +18,7 @@ from label_party.deps import (
 )
 from label_party.exception_handlers import responses
 from label_party.releases import service
-from label_party.storage import release_path
+from label_party.storage import persisted, release_path
 from shared import pagination
 from shared.protocol import PARQUET_MEDIA_TYPE, ReleaseCreate, ReleaseRead
 from shared.spending import IdempotencyKeyHeader
@@ -128,7 +128,7 @@ def _json_stream(path: Path, release_id: str) -> Iterator[bytes]:
             '`{"release_id", "example_id": [...], "label": [...]}`; the same bytes every time',
             "content": {PARQUET_MEDIA_TYPE: {}, "application/json": {}},
         },
-        **responses(401, 403, 404),
+        **responses(401, 403, 404, 500),
     },
     response_class=Response,
     summary="Download a release's noisy labels (free: the persisted bytes)",
@@ -141,7 +141,7 @@ def download_release(
     format: Annotated[Literal["parquet", "json"], Query()] = "parquet",
 ) -> Response:
     release = service.get_visible(session, principal, release_id)
-    path = release_path(settings, release.sha256)
+    path = persisted(settings, release_path(settings, release.sha256), f"release {release.id}")
     if format == "json":
         return StreamingResponse(_json_stream(path, release.id), media_type="application/json")
     return FileResponse(

@@ -161,7 +161,7 @@ async def cancel_training(
             "`torch.load(path, weights_only=True)`); the same bytes every time",
             "content": {"application/octet-stream": {}},
         },
-        **responses(401, 403, 404, 409),
+        **responses(401, 403, 404, 409, 500),
     },
     summary="Download a trained model (free: the persisted bytes)",
 )

@@ -64,6 +64,7 @@ from label_party.ledger.units import delta_decimal, delta_units, epsilon_decimal
 from label_party.models import Dataset, LedgerEntry, Training
 from label_party.storage import (
     labels_path,
+    persisted,
     training_features_dir,
     training_model_path,
     training_tmp_dir,
@@ -465,7 +466,8 @@ def model_file(
     training = get_visible(session, principal, training_id)
     if training.status != Status.SUCCEEDED or training.model_sha256 is None:
         raise ConflictError(f"training {training_id} has no model (it is {training.status})")
-    return training, training_model_path(settings, training.model_sha256)
+    path = training_model_path(settings, training.model_sha256)
+    return training, persisted(settings, path, f"training {training.id}'s model")
 
 
 def list_visible(

@@ -515,3 +515,18 @@ def test_the_release_list_comes_a_page_at_a_time(server: Server) -> None:
     r = admin.get(f"/v1/datasets/{ds}/releases", params={"after": "no-such-release"})
     assert r.status_code == 422 and r.json()["error"] == "invalid_request"
     assert admin.get(f"/v1/datasets/{ds}/releases", params={"limit": 0}).status_code == 422
+
+
+def test_a_release_whose_file_was_lost_says_so(server: Server) -> None:
+    """A download whose file an operator removed failed with an anonymous 500 (or
+    cut its streamed JSON short); it names the file to restore."""
+    admin = server.client()
+    ds = create_dataset(admin)
+    assert upload_labels(admin, ds, ["a", "b", "c"], [1.0, 2.0, 3.0]).status_code == 200
+    made = release(admin, ds, 1)
+    assert made.status_code == 201, made.text
+    (server.settings.releases_dir / f"{made.json()['sha256']}.parquet").unlink()
+    for fmt in ("parquet", "json"):
+        r = admin.get(f"/v1/releases/{made.json()['id']}/labels?format={fmt}")
+        assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
+        assert f"releases/{made.json()['sha256']}.parquet" in r.json()["message"]

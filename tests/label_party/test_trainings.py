@@ -163,6 +163,12 @@ def test_cnn_training_charges_ledger_and_releases_a_model(server: Server, grante
     actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]
     assert "training.reserved" in actions and "training.succeeded" in actions
 
+    # A model file an operator lost: a named error, not an anonymous 500 mid-answer.
+    (server.settings.trainings_dir / "models" / f"{sha}.pt").unlink()
+    gone = client.get(f"/v1/trainings/{training['id']}/model")
+    assert gone.status_code == 500 and gone.json()["error"] == "file_missing", gone.text
+    assert f"models/{sha}.pt" in gone.json()["message"]
+
 
 @needs_cuda
 def test_a_gpu_worker_trains_and_releases_a_model_a_cpu_loads(server: Server, granted: Any) -> None:
