@@ -40,7 +40,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from label_party.config import Settings
@@ -106,6 +106,20 @@ def partition_path(settings: Settings, plan: PartitionPlan) -> Path:
 
 def release_path(settings: Settings, sha256: str) -> Path:
     return settings.releases_dir / f"{sha256}.parquet"
+
+
+def delete_after_commit(session: Session, path: Path, what: str) -> None:
+    """Delete ``path`` once ``session``'s transaction commits (before it, a row may
+    still name the file). A crash in between leaves it to the start-up sweep
+    (``orphans/``); a failed deletion is logged, never the request's failure."""
+
+    def delete(_session: Session) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.error("%s not deleted", what, exc_info=exc)
+
+    event.listen(session, "after_commit", delete, once=True)
 
 
 def persisted(settings: Settings, path: Path, what: str) -> Path:

@@ -8,11 +8,8 @@ runs, so a training in any status freezes them, cancelled and failed ones too.)
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
 from typing import IO
 
-from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
@@ -24,10 +21,8 @@ from label_party.exceptions import InvalidLabelsError, LabelsFrozenError, Reject
 from label_party.labels.validation import FileFormat, read_table, validate
 from label_party.ledger.service import lock_dataset
 from label_party.releases import repository as releases_repository
-from label_party.storage import in_public_order, labels_path, write_table
+from label_party.storage import delete_after_commit, in_public_order, labels_path, write_table
 from label_party.trainings import repository as trainings_repository
-
-logger = logging.getLogger("label_party.labels")
 
 
 def upload(
@@ -73,7 +68,10 @@ def upload(
     replaced = labels_path(settings, locked) if locked.labels_sha256 is not None else None
     sha = write_table(settings, table, settings.labels_dir / locked.id)
     if replaced is not None and replaced.name != f"{sha}.parquet":
-        _delete_after_commit(session, replaced)
+        # Replacing raw labels (a correction, a deletion request) must not leave
+        # them on disk; nothing can reference them again, since labels are
+        # replaced only while no release or training exists.
+        delete_after_commit(session, replaced, "replaced labels")
     locked.labels_sha256 = sha
     locked.num_labels = count
     audit.append(
@@ -106,19 +104,3 @@ def _refuse_if_frozen(session: Session, principal: Principal, dataset_id: str) -
         payload={"reason": "labels_frozen"},
     )
     raise LabelsFrozenError("labels are frozen once a release or a training exists")
-
-
-def _delete_after_commit(session: Session, replaced: Path) -> None:
-    """Delete the replaced labels once the new ones are committed. Replacing raw
-    labels (a correction, a deletion request) must not leave them on disk; nothing
-    can reference them again, since labels are replaced only while no release or
-    training exists. Before the commit the row still names them; a crash between
-    the commit and the deletion leaves them to the start-up sweep (``orphans/``)."""
-
-    def delete(_session: Session) -> None:
-        try:
-            replaced.unlink(missing_ok=True)
-        except OSError as exc:  # the labels are stored: do not fail the request for it
-            logger.error("replaced labels not deleted", exc_info=exc)
-
-    event.listen(session, "after_commit", delete, once=True)

@@ -144,10 +144,11 @@ def get_training(training_id: str, session: SessionDep, principal: PrincipalDep)
     summary="Cancel a queued or running training (its budget stays spent)",
 )
 async def cancel_training(
-    training_id: str, session: SessionDep, principal: PrincipalDep
+    training_id: str, session: SessionDep, settings: SettingsDep, principal: PrincipalDep
 ) -> TrainingRead:
     def work() -> TrainingRead:
-        return service.to_read(session, service.cancel(session, principal, training_id))
+        cancelled = service.cancel(session, settings, principal, training_id)
+        return service.to_read(session, cancelled)
 
     return await in_worker_thread(work)
 

@@ -63,8 +63,10 @@ from label_party.ledger.accounting import Cost
 from label_party.ledger.units import delta_decimal, delta_units, epsilon_decimal, epsilon_units
 from label_party.models import Dataset, LedgerEntry, Training
 from label_party.storage import (
+    delete_after_commit,
     labels_path,
     persisted,
+    training_checkpoint_path,
     training_features_dir,
     training_model_path,
     training_tmp_dir,
@@ -444,11 +446,18 @@ def get_visible(session: Session, principal: Principal, training_id: str) -> Tra
     return training
 
 
-def cancel(session: Session, principal: Principal, training_id: str) -> Training:
-    """Cancel a queued or running training (its budget stays spent: see above)."""
+def cancel(
+    session: Session, settings: Settings, principal: Principal, training_id: str
+) -> Training:
+    """Cancel a queued or running training (its budget stays spent: see above). Its
+    checkpoint goes with the commit: a training handed back to the queue, or whose
+    worker died, has no worker left to delete it (a live one that saves again
+    drops its own once it sees the cancel)."""
     training = get_visible(session, principal, training_id)
     if not repository.queue(session).cancel(training.id):
         raise ConflictError(f"training {training_id} is already {training.status}")
+    checkpoint = training_checkpoint_path(settings, training.id)
+    delete_after_commit(session, checkpoint, "a cancelled training's checkpoint")
     session.refresh(training)
     audit.append(
         session,

@@ -745,6 +745,23 @@ def test_a_cancelled_training_s_checkpoint_goes_when_its_worker_stops(
     paths[taken_over["id"]].unlink()
 
 
+def test_cancelling_a_training_handed_back_to_the_queue_deletes_its_checkpoint(
+    server: Server, granted: Any
+) -> None:
+    """A training a stopped worker handed back keeps its checkpoint to resume from;
+    cancelled then, no worker would ever touch it again: it stayed on disk."""
+    from label_party.storage import training_checkpoint_path
+
+    _admin, client, dataset_id, ids, labels = granted
+    queued = submit(client, dataset_id, tabular(ids, labels), epsilon=1,
+                    idempotency_key="handed-back", **CHEAP).json()  # fmt: skip
+    checkpoint = training_checkpoint_path(server.settings, queued["id"])
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_bytes(b"checkpoint")
+    assert client.delete(f"/v1/trainings/{queued['id']}").status_code == 200
+    assert not checkpoint.exists()
+
+
 def test_a_worker_that_lost_its_training_leaves_the_new_owner_s_checkpoint(
     server: Server, granted: Any
 ) -> None:
