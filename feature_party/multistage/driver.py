@@ -320,9 +320,13 @@ class Driver:
                 labels_id=stage["training_labels_id"],
                 **{**training.model_dump(), "num_classes": self.num_classes, "init_model_id": init},
             )
+            # The job and the run's record of it commit together, the run locked
+            # first. Apart, a cancel between them found no job to cancel (it trained
+            # unowned), and a crash left a resume to submit a second.
             with self.database.session() as session:
+                self._own(session)
                 stage["job_id"] = jobs.submit(session, self.settings, body).id
-            self._save(state)
+                self._record(session, state)
         try:
             return self._wait(stage["job_id"], t)
         except RunFailedError:
@@ -367,15 +371,31 @@ class Driver:
         take_over: bool = False,
     ) -> None:
         with self.database.session() as session:
-            run = self._own(session, take_over=take_over)
-            run.state = {**state, "driver": self.launch}
-            if model_id:
-                run.state["model_id"] = model_id
-            run.updated_at = utcnow()
-            if status is not None:
-                run.status = status
-            if finished:
-                run.finished_at = run.updated_at
+            self._record(
+                session, state, status=status, finished=finished, model_id=model_id,
+                take_over=take_over,
+            )  # fmt: skip
+
+    def _record(
+        self,
+        session: Session,
+        state: dict[str, Any],
+        *,
+        status: RunStatus | None = None,
+        finished: bool = False,
+        model_id: str | None = None,
+        take_over: bool = False,
+    ) -> None:
+        """Write ``state`` (and the rest) to the run's row in ``session``'s transaction."""
+        run = self._own(session, take_over=take_over)
+        run.state = {**state, "driver": self.launch}
+        if model_id:
+            run.state["model_id"] = model_id
+        run.updated_at = utcnow()
+        if status is not None:
+            run.status = status
+        if finished:
+            run.finished_at = run.updated_at
 
     def _own(self, session: Session, *, take_over: bool = False) -> MultistageRun:
         """The run's row, locked; :class:`_Superseded` if another driver owns it or

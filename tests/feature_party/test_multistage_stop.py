@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import select
 
 from feature_party.config import Settings
 from feature_party.db import Database, migrate
@@ -15,7 +16,7 @@ from feature_party.jobs.repository import JobRepository
 from feature_party.multistage import service
 from feature_party.multistage.driver import Driver, _Superseded
 from feature_party.multistage.schemas import MultistageCreate, MultistageResume, RunStatus
-from feature_party.orm import MultistageRun
+from feature_party.orm import Job, MultistageRun
 from shared.errors import ServiceError
 from tests.feature_party.conftest import add_jobs, seed_inputs
 from tests.feature_party.fake_labels_party import TOKEN, FakeLabelsParty, tcp_server
@@ -266,4 +267,41 @@ def test_a_run_cancelled_elsewhere_spends_no_further_release(
     with pytest.raises(_Superseded):
         driver._release({"stages": [{"stage": 1, "part": "lpmst-1"}]}, 1)
     assert labels_party.spent == 0 and labels_party.releases == {}
+    database.dispose()
+
+
+def test_a_stage_s_job_commits_with_the_run_s_record_of_it(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job committed in a transaction of its own, the run's record of it in the
+    next: a crash between them (here: the record fails) left a queued job no run
+    listed, which a resume would submit again and a cancel would not find."""
+    from feature_party.multistage import driver as driver_module
+
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    feature_set_id, labels_id = seed_inputs(database, settings)
+    body = MultistageCreate.model_validate(
+        {"feature_set_id": feature_set_id, "labels_party_url": "http://127.0.0.1:9",
+         "token": "t", "dataset_id": "d", "epsilon": 1.0}
+    )  # fmt: skip
+    with database.session() as session:
+        run_id = service.create(session, body).id
+    driver = Driver(database, settings, run_id, "t", threading.Event())
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        assert run is not None
+        driver.run, driver.config, driver.num_classes = run, dict(run.config), 2
+        session.expunge(run)
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the service died here")
+
+    monkeypatch.setattr(driver_module, "utcnow", crash)  # the record's first write
+    state = {"stages": [{"stage": 1, "part": "lpmst-1", "training_labels_id": labels_id}]}
+    with pytest.raises(RuntimeError, match="died here"):
+        driver._train(state, 1)
+    with database.session() as session:
+        jobs = session.scalars(select(Job).where(Job.feature_set_id == feature_set_id)).all()
+        assert jobs == []
     database.dispose()
