@@ -204,7 +204,7 @@ def sweep_finished(session: Session, data_dir: Path) -> int:
             if path.is_file():
                 path.unlink(missing_ok=True)
                 removed += 1
-        if (job_dir / "run").is_dir():
-            shutil.rmtree(job_dir / "run", ignore_errors=True)
+        for run_dir in (d for d in job_dir.glob("run*") if d.is_dir()):  # a claim's own
+            shutil.rmtree(run_dir, ignore_errors=True)
             removed += 1
     return removed

@@ -207,7 +207,10 @@ class Worker(PollingWorker):
 
     def _run_distributed(self, spec: RunSpec, job_dir: Path, shared: _Shared) -> dict[str, Any]:
         resolve_device(spec.training)  # "asks for 2 GPUs; this worker has 0", not an exit code
-        run_dir = job_dir / "run"
+        # A directory of this claim's own: a worker that lost the job (its lease
+        # lapsed) and stops late must not touch the stop file, or read the result,
+        # of the worker that claimed it next.
+        run_dir = job_dir / f"run-{uuid.uuid4().hex}"
         proc = distributed.launch(run_dir, spec, processes=spec.training.world_size)
         try:
             while proc.poll() is None:
@@ -217,9 +220,10 @@ class Worker(PollingWorker):
                     _terminate(proc)
                     raise Interrupted("stop requested")
                 time.sleep(0.2)
+            result = distributed.read_result(run_dir)
         finally:
             _terminate(proc)
-        result = distributed.read_result(run_dir)
+            shutil.rmtree(run_dir, ignore_errors=True)
         if result is None:
             raise RuntimeError(f"distributed training exited with status {proc.returncode}")
         if not result.get("ok"):

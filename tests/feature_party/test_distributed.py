@@ -112,12 +112,13 @@ def test_a_killed_worker_leaves_no_rank_training(tmp_path: Path) -> None:
     worker = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    run_dir = settings.data_dir.resolve() / "jobs" / job_id / "run"
+    job_dir = settings.data_dir.resolve() / "jobs" / job_id
     try:
         deadline = time.monotonic() + 120
-        while not (run_dir / "progress.json").exists():  # the ranks are training
+        while not [*job_dir.glob("run-*/progress.json")]:  # the ranks are training
             assert time.monotonic() < deadline and worker.poll() is None, "no rank started"
             time.sleep(0.5)
+        [run_dir] = job_dir.glob("run-*")  # the claim's own directory
         ranks = _ranks_of(run_dir)
         assert len(ranks) == 2
     finally:

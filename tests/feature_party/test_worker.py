@@ -149,7 +149,8 @@ def test_start_up_deletes_what_finished_jobs_left_behind(tmp_path: Path) -> None
     left: dict[str, list[Path]] = {}
     for job_id in (cancelled, succeeded, running):
         job_dir = settings.data_dir / "jobs" / job_id
-        (job_dir / "run").mkdir(parents=True)
+        (job_dir / "run").mkdir(parents=True)  # as older workers named it
+        (job_dir / "run-0123abcd").mkdir()  # a claim's own
         left[job_id] = [job_dir / "checkpoint.pt", job_dir / ".checkpoint.pt.ab12.partial",
                         job_dir / "model-1.pt"]  # fmt: skip
         for path in left[job_id]:
@@ -161,7 +162,7 @@ def test_start_up_deletes_what_finished_jobs_left_behind(tmp_path: Path) -> None
         checkpoint, partial, model = left[job_id]
         assert not checkpoint.exists() and not partial.exists()
         assert model.exists() == (job_id == succeeded)  # the cancelled job's is no model's
-        assert not (settings.data_dir / "jobs" / job_id / "run").exists()
+        assert not [*(settings.data_dir / "jobs" / job_id).glob("run*")]
     assert all(path.exists() for path in left[running])
 
 
@@ -219,3 +220,66 @@ def test_a_diverging_job_fails_once_saying_why_on_every_database(
             assert JobRepository(session).models_of(job_id) == []
     finally:
         database.dispose()
+
+
+class _Ranks:
+    """A stand-in for a torchrun launch: it runs until its directory's stop file
+    appears (the stop it was told) or its owner lets it finish, like the ranks."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.pid, self.returncode = run_dir, -1, None
+        self.finish = threading.Event()
+
+    def poll(self) -> int | None:
+        from feature_party.training import distributed
+
+        if (self.run_dir / distributed.STOP).exists():
+            self.returncode = 1
+        elif self.finish.is_set():
+            (self.run_dir / distributed.RESULT).write_text('{"ok": true, "metrics": {"m": 1}}')
+            self.returncode = 0
+        return self.returncode
+
+
+def test_a_worker_that_lost_its_job_stops_only_its_own_ranks(
+    env: tuple[Database, Settings, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two owners of one job (A's lease lapsed, B claimed it) shared jobs/<id>/run:
+    A's late stop touched B's stop file, B's ranks quit without a result and B
+    failed the job for good."""
+    from feature_party.jobs import worker as worker_module
+
+    database, settings, fs, labels = env
+    [job_id] = add_jobs(database, fs, labels, 1, device="cpu", processes=2, epochs=1)
+    launched: list[_Ranks] = []
+
+    def launch(run_dir: Path, spec: object, *, processes: int) -> _Ranks:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        launched.append(_Ranks(run_dir))
+        return launched[-1]
+
+    monkeypatch.setattr(worker_module.distributed, "launch", launch)
+    a, b = (Worker(database, settings, worker_id=w) for w in ("a", "b"))
+    spec, job_dir = a._spec(job_id)
+    stale, owner = worker_module._Shared(), worker_module._Shared()
+    results: dict[str, object] = {}
+
+    def run(worker: Worker, shared: object, name: str) -> None:
+        try:
+            results[name] = worker._run_distributed(spec, job_dir, shared)  # type: ignore[arg-type]
+        except Exception as exc:
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=(a, stale, "a"))]
+    threads[0].start()
+    wait_for(lambda: len(launched) == 1)
+    threads.append(threading.Thread(target=run, args=(b, owner, "b")))
+    threads[1].start()
+    wait_for(lambda: len(launched) == 2)
+    stale.stop.set()  # A learns it lost the job
+    threads[0].join(timeout=30)
+    assert isinstance(results["a"], worker_module.Interrupted)
+    launched[1].finish.set()  # B's ranks were left to finish
+    threads[1].join(timeout=30)
+    assert results["b"] == {"m": 1}
+    assert not [*job_dir.glob("run*")]  # each claim's directory goes with it
