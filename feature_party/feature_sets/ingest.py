@@ -138,13 +138,16 @@ def _first_non_number(path: Path, numeric: Collection[str]) -> str | None:
         strings_can_be_null=True,  # the cells a numeric read takes for missing
     )
     rows = 0
-    for batch in pacsv.open_csv(path, convert_options=options):
-        for name in numeric:
-            bad = _rows(pc.invert(pc.match_substring_regex(batch.column(name), _NUMBER)))
-            if bad:
-                row = rows + bad[0]
-                return f"numeric column {name!r} holds a value that is not a number (row {row})"
-        rows += batch.num_rows
+    try:
+        for batch in pacsv.open_csv(path, convert_options=options):
+            for name in numeric:
+                bad = _rows(pc.invert(pc.match_substring_regex(batch.column(name), _NUMBER)))
+                if bad:
+                    row = rows + bad[0]
+                    return f"numeric column {name!r} holds a value that is not a number (row {row})"
+            rows += batch.num_rows
+    except (pa.ArrowInvalid, OSError):  # not a cell but the file (a ragged row): the caller's
+        return None
     return None
 
 

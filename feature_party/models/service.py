@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import struct
 import uuid
 import zipfile
 from collections import Counter
@@ -116,6 +117,7 @@ def import_training(
 #: artifact's keys); anything else (memory, file handles) is this service's failure.
 MODEL_FORMAT_ERRORS = (
     pickle.UnpicklingError,
+    struct.error,  # torch's legacy reader on bytes too short to hold its header
     EOFError,
     zipfile.BadZipFile,
     RuntimeError,

@@ -990,8 +990,14 @@ def _labels_party_with_one_training(
 
 @pytest.mark.parametrize(
     "artifact",
-    [b"not a torch file", b"", "huge", "too wide"],
-    ids=["garbage", "empty", "declares-more-than-it-holds", "wider-than-its-preprocessing"],
+    [b"not a torch file", b"", b"junk", "huge", "too wide"],
+    ids=[
+        "garbage",
+        "empty",
+        "four-bytes",
+        "declares-more-than-it-holds",
+        "wider-than-its-preprocessing",
+    ],
 )
 def test_a_model_that_does_not_load_is_a_502_and_leaves_nothing(
     client: httpx.Client, settings: Settings, artifact: bytes | str

@@ -91,6 +91,17 @@ def test_a_later_block_may_hold_what_the_first_did_not(tmp_path: Path) -> None:
     assert "column 'x0' holds a value that is not a number (row 250001)" in refused.value.message
 
 
+def test_a_ragged_row_past_the_first_block_is_a_refusal_not_a_500(tmp_path: Path) -> None:
+    """The rescan that names a non-number read the file again inside the handler of
+    the first read's error, hit the same ragged row, and the error escaped (500)."""
+    path = _csv(tmp_path / "ragged.csv", ["1.0"] * ROWS)
+    lines = path.read_text().splitlines()
+    lines[ROWS - 2] = "1.0,a"  # a field short, ~4 MiB in
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InvalidInputError, match="cannot read the file"):
+        predict_path(_predictor(1.0), path, "ragged.csv")
+
+
 def test_a_parquet_file_predicts_by_batches(tmp_path: Path) -> None:
     n = 200_000  # four of the Parquet reader's batches
     x0 = np.arange(n, dtype=np.float64)
