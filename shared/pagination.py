@@ -48,11 +48,17 @@ def page(
     *,
     after: str | None,
     limit: int,
+    scope: Select[Any] | None = None,
 ) -> tuple[list[Any], bool]:
     """The page of ``query`` (rows of ``table``, already filtered to what the caller
-    may see) after the row ``after``, and whether another page follows."""
+    may see) after the row ``after``, and whether another page follows. ``after``
+    is looked up in ``scope`` (default ``query``): what the caller may see, without
+    the filters a row can leave (a job's status), or following a page's link failed
+    once its last row had changed."""
     if after is not None:
-        cursor = session.scalars(query.where(table.id == after)).first()
+        cursor = session.scalars(
+            (query if scope is None else scope).where(table.id == after)
+        ).first()
         if cursor is None:
             raise UnknownCursorError(f"after: {after!r} is not a row of this list")
         query = query.where(
@@ -100,9 +106,11 @@ class Pager:
         self.request, self.response = request, response
         self.after, self.limit = after, limit
 
-    def rows(self, session: Session, query: Select[Any], table: Any) -> list[Any]:
-        """The page of ``query``, rows of ``table`` oldest first."""
-        rows, more = page(session, query, table, after=self.after, limit=self.limit)
+    def rows(
+        self, session: Session, query: Select[Any], table: Any, scope: Select[Any] | None = None
+    ) -> list[Any]:
+        """The page of ``query``, rows of ``table`` oldest first (``scope``: :func:`page`)."""
+        rows, more = page(session, query, table, after=self.after, limit=self.limit, scope=scope)
         if more:
             link_next(self.request, self.response, rows[-1].id, self.limit)
         return rows

@@ -142,11 +142,12 @@ def list_page(
     session: Session, pager: Pager, *, status: Status | None, feature_set_id: str | None
 ) -> list[JobRead]:
     query = select(Job)
-    if status is not None:
-        query = query.where(Job.status == status)
     if feature_set_id is not None:
         query = query.where(Job.feature_set_id == feature_set_id)
-    return [to_read(session, job) for job in pager.rows(session, query, Job)]
+    scope = query  # a job leaves a status list as it runs: its id stays a cursor
+    if status is not None:
+        query = query.where(Job.status == status)
+    return [to_read(session, job) for job in pager.rows(session, query, Job, scope)]
 
 
 def cancel(session: Session, job_id: str) -> JobRead:

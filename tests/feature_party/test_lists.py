@@ -80,6 +80,26 @@ def test_every_list_pages_oldest_first_and_filters(
     assert pages(client, "/v1/multistage")[0] is not None  # a list, even when empty
 
 
+def test_a_status_list_pages_on_after_its_last_row_changed_status(
+    client: httpx.Client, labels_party: FakeLabelsParty
+) -> None:
+    """The cursor was looked up through the status filter: once a page's last job
+    was cancelled (or claimed), following the page's link was a 422."""
+    data = synthetic(60)
+    labels_party.set_labels(data.features.column("example_id").to_pylist(), list(data.noisy))
+    fs = upload(client, data.features)["id"]
+    received = receive(client, labels_party, fs).json()["id"]
+    body = {"feature_set_id": fs, "labels_id": received, "epochs": 1, "device": "cpu"}
+    jobs = [client.post("/v1/jobs", headers=AUTH, json=body).json()["id"] for _ in range(3)]
+    params = {"status": "queued", "feature_set_id": fs, "limit": 1}
+    first = client.get("/v1/jobs", headers=AUTH, params=params)
+    assert ids(first.json()) == jobs[:1]
+    assert client.delete(f"/v1/jobs/{jobs[0]}", headers=AUTH).status_code == 200
+    rest = client.get(first.links["next"]["url"], headers=AUTH)
+    assert rest.status_code == 200, rest.text
+    assert ids(rest.json()) == jobs[1:2]
+
+
 @pytest.mark.parametrize(
     ("path", "params"),
     [
