@@ -64,8 +64,14 @@ class TrainingConfig(BaseModel):
     embedding_dim: int = Field(default=8, ge=1, le=1024)
     hidden: list[int] = Field(default_factory=lambda: [128, 64], max_length=16)
     dropout: float = Field(default=0.0, ge=0, lt=1)
-    max_vocab: int = Field(default=100_000, ge=1, description="per categorical column")
-    min_count: int = Field(default=1, ge=1, description="rarer values go to the OOV bucket")
+    # Bounded where the worker's Arrow and torch calls take them (int64), so an
+    # absurd value is a 422 here, not a job that fails with a TypeError.
+    max_vocab: int = Field(
+        default=100_000, ge=1, le=2**31 - 1, description="per categorical column"
+    )
+    min_count: int = Field(
+        default=1, ge=1, le=2**31 - 1, description="rarer values go to the OOV bucket"
+    )
     validation_fraction: float = Field(default=0.1, ge=0, lt=1)
     early_stopping_patience: int | None = Field(default=5, ge=1)
     mixup_alpha: float = Field(default=0.0, ge=0, description="classification only; 0 = off")

@@ -1180,6 +1180,9 @@ def test_configs_that_could_only_fail_in_the_worker_are_422(
     assert r.status_code == 422 and "the cnn reads 1×28×28 = 784" in r.json()["message"]
     r = client.post("/v1/jobs", headers=AUTH, json={**job, "validation_fraction": 0.99})
     assert r.status_code == 422 and "leaves none to train on" in r.json()["message"]
+    for huge in ({"max_vocab": 10**30}, {"min_count": 10**30}):  # TypeError, OverflowError
+        r = client.post("/v1/jobs", headers=AUTH, json={**job, **huge})
+        assert r.status_code == 422, r.text
 
 
 def test_end_reads_refuses_a_session_that_flushed_a_write(settings: Settings) -> None:
