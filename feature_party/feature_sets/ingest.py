@@ -218,7 +218,8 @@ def ingest(path: Path, *, filename: str | None, schema: SchemaDeclaration | None
         ids = as_keys(raw.column(ID), ID)
     except ColumnTypeError as exc:
         raise _bad_file(str(exc), {"column": ID}) from None
-    missing = _rows(pc.or_(pc.is_null(ids), pc.equal(ids, "")))
+    # Kleene: a null id is missing (or_ is null there, and the row went unmarked).
+    missing = _rows(pc.or_kleene(pc.is_null(ids), pc.equal(ids, "")))
     if missing:
         problems.append({"column": ID, "rows": missing, "reason": "missing example_id"})
     elif pc.count_distinct(ids).as_py() != raw.num_rows:

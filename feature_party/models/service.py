@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -254,7 +255,8 @@ def _predict(
             raise InvalidInputError(f"cannot preprocess the rows: {exc}") from None
         if with_ids:
             ids.append(_ids(table))
-            without_id += ids[-1].null_count
+            # An empty id is as missing as a null one (an upload refuses both).
+            without_id += ids[-1].null_count + (pc.sum(pc.equal(ids[-1], "")).as_py() or 0)
         rows += table.num_rows
     if not_finite:
         raise _not_finite(np.concatenate(not_finite), rows)

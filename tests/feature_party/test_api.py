@@ -182,6 +182,18 @@ def test_bad_feature_files_are_422_with_reasons(
     assert expected in body["detail"]
 
 
+def test_a_null_example_id_is_reported_missing_on_its_row(client: httpx.Client) -> None:
+    """``or_`` of a null id and its test for "" is null, so the null row went unmarked
+    and the file was refused as "duplicate example_id" with no rows."""
+    table = pa.table({"example_id": [None, "b"], "a": [1.0, 2.0]})
+    r = client.post("/v1/feature-sets", headers=AUTH,
+                    files={"file": ("f.parquet", parquet_bytes(table))})  # fmt: skip
+    assert r.status_code == 422, r.text
+    assert {"column": "example_id", "rows": [1], "reason": "missing example_id"} in r.json()[
+        "detail"
+    ]
+
+
 def test_columns_of_types_no_feature_has_are_422(client: httpx.Client) -> None:
     """Lists, structs and binary ids or categories raised in pyarrow's casts (500);
     a uint64 feature past 2⁶³ is a number like any other."""
@@ -361,6 +373,9 @@ def test_receive_train_predict(
     assert r.json()["message"].endswith("column 'x0' holds a value that is not a number (row 2)")
     partial = [dict(rows[0]), {k: v for k, v in rows[1].items() if k != "example_id"}]
     r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": partial})
+    assert r.status_code == 422 and r.json()["detail"] == {"rows_without_example_id": 1}
+    empty = [dict(rows[0]), {**rows[1], "example_id": ""}]  # was answered with id ""
+    r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": empty})
     assert r.status_code == 422 and r.json()["detail"] == {"rows_without_example_id": 1}
     # Values no column can hold are 422s naming the column, not 500s.
     for odd in ({"example_id": {"a": 1}}, {"city": {"a": 1}}):
