@@ -9,13 +9,14 @@ from pydantic import BaseModel, Field
 
 from feature_party.jobs.status import Status
 from feature_party.training.config import TrainingConfig
+from shared.protocol import Id
 
 
 class JobCreate(TrainingConfig):
     """``POST /v1/jobs``: what to train on, plus the training configuration."""
 
-    feature_set_id: str
-    labels_id: str = Field(description="id of a received release (POST /v1/received-labels)")
+    feature_set_id: Id
+    labels_id: Id = Field(description="id of a received release (POST /v1/received-labels)")
 
     def training(self) -> TrainingConfig:
         return TrainingConfig.model_validate(

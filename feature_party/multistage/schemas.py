@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from feature_party.received_labels.schemas import DatasetId, LabelsPartyUrl
 from feature_party.training.config import TrainingConfig
-from shared.protocol import EPSILON_SCALE, ledger_units
+from shared.protocol import EPSILON_SCALE, Id, ledger_units
 from shared.tokens import BearerToken
 
 #: The split of the examples over two stages in ``labeldp-pro.txt`` Appendix D.1.
@@ -59,7 +59,7 @@ class MultistageCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    feature_set_id: str
+    feature_set_id: Id
     labels_party_url: LabelsPartyUrl
     token: BearerToken
     dataset_id: DatasetId

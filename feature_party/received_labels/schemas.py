@@ -8,7 +8,7 @@ from typing import Annotated, Any, Self
 import httpx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from shared.protocol import ReleaseCreate
+from shared.protocol import Id, ReleaseCreate
 from shared.tokens import BearerToken
 
 
@@ -29,7 +29,7 @@ LabelsPartyUrl = Annotated[
     str, Field(pattern=r"^https?://", max_length=500), AfterValidator(_usable_url)
 ]
 #: A labels-party dataset id, as the rows that name it store it.
-DatasetId = Annotated[str, Field(min_length=1, max_length=200)]
+DatasetId = Id
 
 
 class ReceivedLabelsCreate(BaseModel):
@@ -40,12 +40,12 @@ class ReceivedLabelsCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    feature_set_id: str
+    feature_set_id: Id
     labels_party_url: LabelsPartyUrl
     token: BearerToken
     dataset_id: DatasetId
     release: ReleaseCreate | None = None
-    release_id: str | None = None
+    release_id: Id | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from feature_party.training.losses import CLASSIFICATION_LOSSES, LossName
+from shared.protocol import Id
 
 #: A number of GPUs is a JSON integer ≥ 1 (strict: ``true`` and ``"2"`` are refused).
 Device = Literal["auto", "cpu", "cuda"] | Annotated[StrictInt, Field(ge=1)]
@@ -56,7 +57,7 @@ class TrainingConfig(BaseModel):
         max_length=3,
         description="cnn only: channels, height, width",
     )
-    init_model_id: str | None = Field(
+    init_model_id: Id | None = Field(
         default=None,
         description="start from this model's weights and preprocessing (multi-stage "
         "training); its architecture and outputs must match",

@@ -889,6 +889,20 @@ def test_the_cli_drives_the_whole_publisher_flow(
     assert len(out.read_text().splitlines()) == 5
 
 
+def test_an_id_that_is_no_id_is_422_not_a_500(client: httpx.Client) -> None:
+    """A lone surrogate in an id reached the database driver (UnicodeEncodeError: 500)."""
+    for path, body in (
+        ("/v1/jobs", '{"feature_set_id": "\\ud800", "labels_id": "x"}'),
+        ("/v1/jobs", '{"feature_set_id": "f", "labels_id": "x", "init_model_id": "\\ud800"}'),
+        ("/v1/received-labels", '{"feature_set_id": "\\ud800", "labels_party_url": '
+         '"http://127.0.0.1:9", "token": "t", "dataset_id": "d", "release_id": "r"}'),
+        ("/v1/multistage", '{"feature_set_id": "f", "labels_party_url": "http://127.0.0.1:9", '
+         '"token": "t", "dataset_id": "\\ud800", "epsilon": 1}'),
+    ):  # fmt: skip
+        r = client.post(path, headers={**AUTH, "Content-Type": "application/json"}, content=body)
+        assert r.status_code == 422, (path, r.text)
+
+
 def test_invalid_job_config_is_422(client: httpx.Client) -> None:
     r = client.post(
         "/v1/jobs",
