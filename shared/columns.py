@@ -54,10 +54,13 @@ def as_keys(column: Column, name: str) -> Column:
     raise ColumnTypeError(f"{name} must be text or integers; the file's column is {column.type}")
 
 
-#: How text spells a boolean where a CSV reader infers one (pyarrow's defaults
-#: without "1"/"0"): each is the category its boolean casts to.
-_TRUE_SPELLINGS = pa.array(["True", "TRUE"], type=pa.string())
-_FALSE_SPELLINGS = pa.array(["False", "FALSE"], type=pa.string())
+#: The words a CSV reader takes for booleans (pyarrow's defaults without "1"/"0",
+#: which the features party's reader is given): each spelling is the category its
+#: boolean casts to ("true"/"false").
+TRUE_WORDS = ("true", "True", "TRUE")
+FALSE_WORDS = ("false", "False", "FALSE")
+_TRUE_SPELLINGS = pa.array(TRUE_WORDS[1:], type=pa.string())
+_FALSE_SPELLINGS = pa.array(FALSE_WORDS[1:], type=pa.string())
 
 
 def as_categories(column: Column, name: str) -> Column:

@@ -21,7 +21,14 @@ import pyarrow.parquet as pq
 from feature_party.errors import InvalidInputError, PayloadTooLargeError
 from feature_party.feature_sets.schemas import ColumnInfo, SchemaDeclaration
 from feature_party.training.data import ColumnRoles
-from shared.columns import ColumnTypeError, as_categories, as_keys, as_numbers
+from shared.columns import (
+    FALSE_WORDS,
+    TRUE_WORDS,
+    ColumnTypeError,
+    as_categories,
+    as_keys,
+    as_numbers,
+)
 from shared.parquet import ParquetTooLargeError, iter_parquet_bounded, read_parquet_bounded
 
 MAX_REPORTED = 20
@@ -63,7 +70,12 @@ def read_table(path: Path, *, filename: str | None, text_columns: Collection[str
         return pacsv.read_csv(
             path,
             convert_options=pacsv.ConvertOptions(
-                column_types={name: pa.string() for name in (ID, *text_columns)}
+                column_types={name: pa.string() for name in (ID, *text_columns)},
+                # Words only: with pyarrow's default "1"/"0" a column of true, false,
+                # 1 and 0 was read as booleans, and a prediction's text "1" (read as
+                # text, like every categorical column there) was no known category.
+                true_values=list(TRUE_WORDS),
+                false_values=list(FALSE_WORDS),
             ),
         )
     except ParquetTooLargeError as exc:

@@ -58,3 +58,20 @@ def test_an_older_model_s_text_spelling_still_matches() -> None:
     old = Preprocessing(numeric=["x"], means=[0.0], stds=[1.0], categorical=["flag"],
                         vocabularies=[["True", "False"]])  # fmt: skip
     assert old.transform(stored).categorical[:, 0].tolist() == [1, 2]
+
+
+def test_ones_and_zeros_beside_true_and_false_are_categories_as_written(tmp_path: Path) -> None:
+    """pyarrow's default true values include "1": a column of true, false, 1 and 0
+    was read as booleans at upload, while a prediction reads the column as text, so
+    its "1" rows (199 of the 200 true ones here) fell into the unknown bucket."""
+    path = tmp_path / "features.csv"
+    flags = ["true", "false"] + ["1", "0"] * 100
+    path.write_text("example_id,flag,x\n" + "".join(
+        f"e{i},{f},{i}\n" for i, f in enumerate(flags)))  # fmt: skip
+    stored = ingest(path, filename="features.csv", schema=None)
+    assert stored.roles.categorical == ("flag",)
+    preprocessing = fit_preprocessing(stored.table, stored.roles)
+    assert sorted(preprocessing.vocabularies[0]) == ["0", "1", "false", "true"]
+    rows = _rows_table([{"flag": "1", "x": 0.0}, {"flag": "zzz", "x": 0.0}])
+    one, unknown = preprocessing.transform(rows).categorical[:, 0].tolist()
+    assert one != unknown and preprocessing.vocabularies[0][one - 1] == "1"
