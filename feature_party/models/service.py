@@ -320,6 +320,21 @@ def _rows_table(rows: list[dict[str, object]]) -> pa.Table:
         try:
             columns[name] = pa.array(values)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # 10**400 overflows int64
-            text = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
+            text = [_as_text(v, name, i) for i, v in enumerate(values, start=1)]
             columns[name] = pa.array(text, pa.string())
     return pa.table(columns)
+
+
+def _as_text(value: object, name: str, row: int) -> str | None:
+    """A JSON scalar as the text a column of its own type casts it to (``1.0`` is
+    ``"1"``, ``true`` is ``"true"``): the category a value names must not depend on
+    the other rows' types (``json.dumps`` made ``1.0`` ``"1.0"`` beside a string)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list | dict):  # as a column of them alone is refused
+        raise InvalidInputError(f"column {name!r} holds a list or an object (row {row})")
+    try:
+        text: str = pa.array([value]).cast(pa.string())[0].as_py()
+    except (pa.ArrowInvalid, OverflowError):  # an integer past int64: its digits
+        return str(value)
+    return text

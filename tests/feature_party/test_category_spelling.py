@@ -75,3 +75,18 @@ def test_ones_and_zeros_beside_true_and_false_are_categories_as_written(tmp_path
     rows = _rows_table([{"flag": "1", "x": 0.0}, {"flag": "zzz", "x": 0.0}])
     one, unknown = preprocessing.transform(rows).categorical[:, 0].tolist()
     assert one != unknown and preprocessing.vocabularies[0][one - 1] == "1"
+
+
+def test_a_json_value_names_one_category_whatever_the_other_rows_hold() -> None:
+    """Alone, a column of 1.0 was read as numbers (category "1"); beside a string it
+    was written by json.dumps ("1.0"): one value, two categories, by its neighbours."""
+    from feature_party.errors import InvalidInputError
+    from shared.columns import as_categories
+
+    def first(rows: list[dict[str, object]]) -> object:
+        return as_categories(_rows_table(rows).column("code"), "code")[0].as_py()
+
+    for value in (1.0, 2.5, True, 3, 10**30):
+        assert first([{"code": value}]) == first([{"code": value}, {"code": "x"}]), value
+    with pytest.raises(InvalidInputError, match=r"'code' holds a list or an object \(row 2\)"):
+        _rows_table([{"code": "x"}, {"code": [1]}])
