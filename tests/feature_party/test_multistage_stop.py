@@ -241,6 +241,27 @@ def test_a_cancel_during_a_drivers_last_write_is_not_lost(settings: Settings) ->
     database.dispose()
 
 
+def _driver_of_a_new_run(
+    database: Database, settings: Settings, url: str, dataset_id: str, token: str
+) -> tuple[Driver, str, str, str]:
+    """(driver, run id, feature set id, received labels id): a driver loaded with a
+    new run as its ``_run`` would load it, without running a step."""
+    feature_set_id, labels_id = seed_inputs(database, settings)
+    body = MultistageCreate.model_validate(
+        {"feature_set_id": feature_set_id, "labels_party_url": url, "token": token,
+         "dataset_id": dataset_id, "epsilon": 1.0}
+    )  # fmt: skip
+    with database.session() as session:
+        run_id = service.create(session, body).id
+    driver = Driver(database, settings, run_id, token, threading.Event())
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        assert run is not None
+        driver.run, driver.config, driver.num_classes = run, dict(run.config), 2
+        session.expunge(run)
+    return driver, run_id, feature_set_id, labels_id
+
+
 def test_a_run_cancelled_elsewhere_spends_no_further_release(
     settings: Settings, labels_party: FakeLabelsParty
 ) -> None:
@@ -249,19 +270,9 @@ def test_a_run_cancelled_elsewhere_spends_no_further_release(
     stage's release and spent its ε after the run read "cancelled"."""
     database = Database(settings.resolved_database_url)
     migrate(database.engine)
-    feature_set_id, _ = seed_inputs(database, settings)
-    body = MultistageCreate.model_validate(
-        {"feature_set_id": feature_set_id, "labels_party_url": labels_party.url,
-         "token": TOKEN, "dataset_id": labels_party.dataset_id, "epsilon": 1.0}
-    )  # fmt: skip
-    with database.session() as session:
-        run_id = service.create(session, body).id
-    driver = Driver(database, settings, run_id, TOKEN, threading.Event())
-    with database.session() as session:
-        run = session.get(MultistageRun, run_id)
-        assert run is not None
-        driver.run, driver.config = run, dict(run.config)
-        session.expunge(run)
+    driver, run_id, _, _ = _driver_of_a_new_run(
+        database, settings, labels_party.url, labels_party.dataset_id, TOKEN
+    )
     with database.session() as session:  # the other replica's DELETE
         service.cancel(session, run_id)
     with pytest.raises(_Superseded):
@@ -280,19 +291,9 @@ def test_a_stage_s_job_commits_with_the_run_s_record_of_it(
 
     database = Database(settings.resolved_database_url)
     migrate(database.engine)
-    feature_set_id, labels_id = seed_inputs(database, settings)
-    body = MultistageCreate.model_validate(
-        {"feature_set_id": feature_set_id, "labels_party_url": "http://127.0.0.1:9",
-         "token": "t", "dataset_id": "d", "epsilon": 1.0}
-    )  # fmt: skip
-    with database.session() as session:
-        run_id = service.create(session, body).id
-    driver = Driver(database, settings, run_id, "t", threading.Event())
-    with database.session() as session:
-        run = session.get(MultistageRun, run_id)
-        assert run is not None
-        driver.run, driver.config, driver.num_classes = run, dict(run.config), 2
-        session.expunge(run)
+    driver, _, feature_set_id, labels_id = _driver_of_a_new_run(
+        database, settings, "http://127.0.0.1:9", "d", "t"
+    )
 
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the service died here")
