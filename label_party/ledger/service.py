@@ -104,18 +104,25 @@ def affordable(session: Session, dataset: Dataset, cost: Cost) -> bool:
 
 
 def refuse_unless_affordable(
-    session: Session, principal: Principal, dataset: Dataset, cost: Cost, *, what: str
+    session: Session,
+    principal: Principal,
+    dataset: Dataset,
+    cost: Cost,
+    *,
+    what: str,
+    delta_known: bool = True,
 ) -> None:
     """Refuse ``cost`` (409, audited as ``<what>.refused``) unless it fits the budget of
     a dataset locked by :func:`lock_dataset`; ``what`` (``release`` or ``training``)
-    names the spender in the refusal's message."""
+    names the spender in the refusal's message. ``delta_known=False``: ``cost.delta``
+    is a lower bound (0), not what was asked, so the refusal records δ as unknown."""
     ok, eps_left, delta_left = _fit(session, dataset, cost)
     if ok:
         return
     detail = {
         "requested_epsilon": float(epsilon_decimal(cost.epsilon)),
         "remaining_epsilon": float(epsilon_decimal(max(eps_left, 0))),
-        "requested_delta": float(delta_decimal(cost.delta)),
+        "requested_delta": float(delta_decimal(cost.delta)) if delta_known else None,
         "remaining_delta": float(delta_decimal(max(delta_left, 0))),
         "parts": None if cost.parts is None else list(cost.parts),
     }

@@ -362,16 +362,19 @@ def create(
     """
     require(principal, "admin", "client")
     digest = fingerprint(spec, upload_digest(source))
-    # ε alone (δ needs the features' n): a request the budget cannot afford is
-    # refused before the seconds of reading and planning, as a release is.
-    least = Cost(epsilon_units(spec.epsilon), 0, None)
+    # What the spec alone says it costs (a default δ needs the features' n): a
+    # request the budget cannot afford is refused before the seconds of reading
+    # and planning, as a release is.
+    least = Cost(epsilon_units(spec.epsilon), _given_delta_units(spec), None)
     with transaction(unlocked) as reader:
         dataset = visible_dataset(reader, principal, dataset_id)
         replay = _replay(reader, principal, dataset.id, spec, digest)
         hopeless = replay is None and not ledger.affordable(reader, dataset, least)
     if hopeless:  # refused and audited under the lock (it may have become affordable)
         locked = ledger.lock_dataset(session, dataset.id)
-        ledger.refuse_unless_affordable(session, principal, locked, least, what="training")
+        ledger.refuse_unless_affordable(
+            session, principal, locked, least, what="training", delta_known=spec.delta is not None
+        )
     draft = None if replay else _draft(settings, dataset, spec, source, fmt)
     dataset = ledger.lock_dataset(session, dataset.id)
     existing = _replay(session, principal, dataset.id, spec, digest)
@@ -390,6 +393,11 @@ def create(
         extra={"fields": {"training_id": training.id, "dataset_id": dataset.id}},
     )
     return training, True
+
+
+def _given_delta_units(spec: TrainingSpec) -> int:
+    """The spec's δ in ledger units; 0 when it defaults to 1/n, not yet known."""
+    return 0 if spec.delta is None else delta_units(spec.delta)
 
 
 def _insert(

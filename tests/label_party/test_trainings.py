@@ -240,10 +240,18 @@ def test_budget_exceeded_spends_nothing(server: Server, granted: Any) -> None:
     # CPU, for free, per request): even an unreadable file gets the 409.
     r = submit(client, dataset_id, b"not a parquet file", architecture="mlp", epsilon=11)
     assert r.status_code == 409 and r.json()["error"] == "budget_exceeded", r.text
+    # Its default δ (1/n) was never computed: the refusal says so, not "δ = 0".
+    assert r.json()["detail"]["requested_delta"] is None
+    # A δ the spec gives is checked as early.
+    r = submit(client, dataset_id, b"not a parquet file", architecture="mlp", epsilon=1,
+               delta=0.05)  # fmt: skip
+    assert r.status_code == 409 and r.json()["detail"]["requested_delta"] == 0.05, r.text
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json() == before
     assert client.get(f"/v1/datasets/{dataset_id}/trainings").json() == []
-    actions = [e["action"] for e in admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]]
-    assert actions.count("training.refused") == 3 and "training.reserved" not in actions
+    entries = admin.get(f"/v1/datasets/{dataset_id}/audit").json()["entries"]
+    refused = [e["payload"] for e in entries if e["action"] == "training.refused"]
+    assert len(refused) == 4 and not any(e["action"] == "training.reserved" for e in entries)
+    assert [p["requested_delta"] for p in refused][-2:] == [None, 0.05]
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
