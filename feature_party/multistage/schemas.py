@@ -55,9 +55,10 @@ def _check_training(training: TrainingConfig) -> None:
 class MultistageCreate(BaseModel):
     """``POST /v1/multistage``: train with LP-MST on ``feature_set_id`` and the labels
     of ``dataset_id``. ``token`` (the labels party's client token) is held in the
-    service's memory while the run lasts and never stored."""
+    service's memory while the run lasts and never stored. Strict, as its stages
+    spend ε: ``"epsilon": "1"`` or ``"stages": true`` is refused, not coerced."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     feature_set_id: Id
     labels_party_url: LabelsPartyUrl
@@ -133,7 +134,7 @@ class MultistageResume(BaseModel):
     included): the fix for a training that failed for its configuration (a device
     the workers lack, a model too large), since the releases are paid for."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     token: BearerToken
     training: TrainingConfig | None = None

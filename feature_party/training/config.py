@@ -27,9 +27,13 @@ MAX_HIDDEN_WEIGHTS = 2**28
 class TrainingConfig(BaseModel):
     """Model, loss, optimizer and schedule. Defaults follow the papers' appendices
     (RMSProp, learning rate 1e-3 with cosine decay, batch 8192, embedding dim 8,
-    L2 1e-4; Appendix E of ``rr-on-bins-regression.txt``)."""
+    L2 1e-4; Appendix E of ``rr-on-bins-regression.txt``).
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    Strict: a value of the wrong JSON type (``"epochs": "2"``, ``"dropout": true``)
+    is refused, not coerced into a job nobody asked for (integers still pass as
+    numbers); LP-MST trains on releases paid for, with this configuration."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     task: Literal["regression", "classification"] = "regression"
     loss: LossName = "squared"

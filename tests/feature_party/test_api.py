@@ -1188,6 +1188,10 @@ def test_a_job_asking_for_gpus_fails_saying_why(
     for device in (True, "2", 0):  # not numbers of GPUs
         r = client.post("/v1/jobs", headers=AUTH, json={**job, "device": device})
         assert r.status_code == 422, device
+    # Strict: a value of the wrong JSON type is refused, not coerced.
+    for wrong in ({"epochs": "2"}, {"dropout": True}, {"hidden": ["16"]}, {"seed": 1.0}):
+        r = client.post("/v1/jobs", headers=AUTH, json={**job, **wrong})
+        assert r.status_code == 422, wrong
     r = client.post("/v1/jobs", headers=AUTH, json={**job, "device": 2})
     assert r.status_code == 202, r.text
     database = Database(settings.resolved_database_url)

@@ -94,6 +94,11 @@ def test_request_defaults_and_checks() -> None:
         ({"epsilon": 1e-13}, "more than 12 decimal places"),
         ({"epsilon": 5e6}, "too large"),
         ({"labels_party_url": "ftp://x"}, "pattern"),
+        # Strict: its stages spend ε, so a value of the wrong type is not coerced.
+        ({"epsilon": "1"}, "valid number"),
+        ({"stages": True}, "valid integer"),
+        ({"training": {"epochs": "2"}}, "valid integer"),
+        ({"filter_top_k": "yes"}, "valid boolean"),
     ):
         with pytest.raises(ValidationError, match=message):
             MultistageCreate.model_validate({**BASE, **bad})
