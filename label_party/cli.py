@@ -552,7 +552,7 @@ def _register_training_commands(
     )  # fmt: skip
     p.add_argument(
         "--spec",
-        help='more spec fields, a JSON object, e.g. \'{"hidden": [16], "smoothing": 1}\' '
+        help='more spec fields, a JSON object, e.g. \'{"smoothing": 1, "alt_batch_size": 128}\' '
         "(docs/walkthrough-labels-party.md lists them)",
     )
     p.add_argument(

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.lease_queue import Status
 from shared.protocol import PrivacyAmount
@@ -15,6 +15,24 @@ Optimizer = Literal["sgd", "momentum", "adam", "rmsprop"]
 #: An image dimension or a layer width: a model of more parameters than any labels
 #: party allows is refused by count; this bound keeps the count computable.
 Dim = Annotated[int, Field(ge=1, le=1_000_000)]
+
+#: The spec fields only some denoisers (Table 1 of ``labeldp-pro.txt``) or
+#: architectures read, and which: ``noop`` projects nothing, only ALTCONV draws
+#: an alternative batch, only the convex hulls have §3.3's smoothing.
+_READ_BY: dict[str, frozenset[str]] = {
+    "alt_batch_size": frozenset({"alt-conv"}),
+    "projection_steps": frozenset({"self-span", "self-conv", "alt-conv"}),
+    "projection_backend": frozenset({"self-span", "self-conv", "alt-conv"}),
+    "projection_method": frozenset({"self-conv", "alt-conv"}),
+    "smoothing": frozenset({"self-conv", "alt-conv"}),
+    "image_shape": frozenset({"cnn"}),
+    "hidden": frozenset({"mlp"}),
+}
+
+
+def unread_fields(denoiser: str, architecture: str) -> list[str]:
+    """The spec fields that ``denoiser`` and ``architecture`` do not read."""
+    return [name for name, readers in _READ_BY.items() if not readers & {denoiser, architecture}]
 
 
 class TrainingSpec(BaseModel):
@@ -30,7 +48,8 @@ class TrainingSpec(BaseModel):
     projection, 9–16× faster a step on the Table-10a CNN. ``architecture``
     ``cnn`` is ``labeldp-pro.txt`` Table 10a's CNN over ``image_shape`` (the numeric
     columns are the pixels, row-major); ``mlp`` a fully connected net with ``hidden``
-    layers.
+    layers. A field the denoiser or architecture does not read is refused if given
+    and null in the resolved spec.
 
     Strict: a training spends its (ε, δ) for good, so a value of the wrong JSON type
     (``"epochs": true``, ``"smoothing": false``, ``"hidden": ["16"]``) is refused,
@@ -57,6 +76,21 @@ class TrainingSpec(BaseModel):
     projection_backend: Literal["autodiff", "dense"] | None = None
     smoothing: float | None = Field(default=None, ge=0, le=1)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _all_read(self) -> Self:
+        """A field set for a denoiser or architecture that ignores it is refused: a
+        training spends its (ε, δ) for good, and ``"denoiser": "noop", "smoothing":
+        0.5`` is a mistake to show before that, not a setting to echo back."""
+        given = [
+            f for f in unread_fields(self.denoiser, self.architecture) if f in self.model_fields_set
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not read by denoiser {self.denoiser!r} with architecture "
+                f"{self.architecture!r}; leave {'it' if len(given) == 1 else 'them'} out"
+            )
+        return self
 
 
 class TrainingRead(BaseModel):

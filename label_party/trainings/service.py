@@ -73,7 +73,7 @@ from label_party.storage import (
 )
 from label_party.trainings import repository, resources
 from label_party.trainings.plan import InfeasiblePlanError, noise_plan
-from label_party.trainings.schemas import TrainingRead, TrainingSpec
+from label_party.trainings.schemas import TrainingRead, TrainingSpec, unread_fields
 from shared.columns import ColumnTypeError, as_keys, as_numbers
 from shared.jsonl import TooDeepError, read_json_lines
 from shared.lease_queue import Status
@@ -248,6 +248,8 @@ def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, 
     for key, value in library_defaults(spec.denoiser).items():
         if data[key] is None:
             data[key] = value
+    # What the training does not read is not echoed as if it were a setting.
+    data.update(dict.fromkeys(unread_fields(spec.denoiser, spec.architecture)))
     return data, delta
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from label_party.labeldp_pro.denoisers import CONVEX_HULL_DENOISERS, Poll, no_poll
+from label_party.labeldp_pro.denoisers import Poll, no_poll
 from label_party.labeldp_pro.dpsgd import (
     Checkpoint,
     Checkpointing,
@@ -24,6 +24,7 @@ from label_party.labeldp_pro.dpsgd import (
     TrainingResult,
     train_labeldp_pro,
 )
+from label_party.trainings.schemas import unread_fields
 from shared.artifact import model_artifact, preprocessing_dict
 from shared.torch_files import save_torch_file
 from shared.torch_models import ImageCNN, ImageCNNConfig, TabularMLP, TabularMLPConfig
@@ -48,6 +49,9 @@ _PASSED = (
     "smoothing",
 )
 
+#: Spec keys the schema leaves ``None`` for the library to fill in.
+_DEFAULTED = ("projection_steps", "projection_backend", "projection_method", "smoothing")
+
 
 def build(spec: dict[str, Any], num_features: int, num_classes: int) -> ImageCNN | TabularMLP:
     """The untrained model the spec names, with one output per declared class."""
@@ -62,16 +66,11 @@ def build(spec: dict[str, Any], num_features: int, num_classes: int) -> ImageCNN
 
 def library_defaults(denoiser: str) -> dict[str, Any]:
     """What :class:`LabelDPProConfig` uses for the spec keys the schema leaves
-    ``None``, for those the denoiser reads (``noop`` projects nothing; only the
-    convex hulls have a projection method and §3.3's smoothing). The service
+    ``None``, for those the denoiser reads (:func:`unread_fields`). The service
     stores them in the resolved spec, so the training and its artifact say what ran."""
-    if denoiser == "noop":
-        return {}
-    keys = ["projection_steps", "projection_backend"]
-    if denoiser in CONVEX_HULL_DENOISERS:
-        keys += ["projection_method", "smoothing"]
     defaults = {f.name: f.default for f in fields(LabelDPProConfig)}
-    return {key: defaults[key] for key in keys}
+    unread = unread_fields(denoiser, architecture="")
+    return {key: defaults[key] for key in _DEFAULTED if key not in unread}
 
 
 def parameter_count(spec: dict[str, Any], num_features: int, num_classes: int) -> int:

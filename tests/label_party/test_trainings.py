@@ -478,6 +478,40 @@ def test_a_spec_value_of_the_wrong_json_type_is_refused_not_coerced(
     assert r.status_code == 201, r.text
 
 
+def test_a_field_the_denoiser_or_model_does_not_read_is_refused_not_echoed(
+    server: Server, granted: Any
+) -> None:
+    """``"denoiser": "noop", "smoothing": 0.5`` was accepted, charged and echoed as
+    if λ = 0.5 had shaped the model; what is not read is refused before any
+    spend, and null in the resolved spec."""
+    admin, client, dataset_id, ids, labels = granted
+    budget = admin.get(f"/v1/datasets/{dataset_id}/budget").json()
+    for denoiser, unread in (
+        ("noop", {"smoothing": 0.5}),
+        ("noop", {"alt_batch_size": 8, "projection_steps": 3}),
+        ("self-span", {"projection_method": "fista"}),
+        ("self-conv", {"alt_batch_size": 8}),
+        ("alt-conv", {"image_shape": [1, 28, 28]}),  # an mlp's
+    ):
+        spec = {**CHEAP, "epsilon": 1, "denoiser": denoiser, **unread}
+        r = submit(client, dataset_id, tabular(ids, labels), **spec)
+        assert r.status_code == 422, (denoiser, r.text)
+        assert all(key in r.text for key in unread) and "leave" in r.text
+    assert admin.get(f"/v1/datasets/{dataset_id}/budget").json() == budget
+    noop = {**CHEAP, "epsilon": 1, "denoiser": "noop"}
+    r = submit(client, dataset_id, tabular(ids, labels), **noop)
+    assert r.status_code == 201, r.text
+    resolved = r.json()["spec"]
+    assert resolved["hidden"] == CHEAP["hidden"] and resolved["learning_rate"] > 0
+    for key in ("alt_batch_size", "projection_steps", "projection_method",
+                "projection_backend", "smoothing", "image_shape"):  # fmt: skip
+        assert resolved[key] is None, key
+    r = submit(client, dataset_id, tabular(ids, labels), **{**noop, "denoiser": "alt-conv"})
+    resolved = r.json()["spec"]
+    assert resolved["alt_batch_size"] == 64 and resolved["smoothing"] == 0.75, resolved
+    assert resolved["image_shape"] is None
+
+
 def test_the_worker_releases_only_the_accepted_plan(server: Server, granted: Any) -> None:
     """The trainer runs the stored plan's σ only if its ε is within the spec's: a plan
     with too little noise (here half the calibrated σ) fails the training, no model."""
@@ -858,8 +892,8 @@ def test_a_projection_the_worker_could_not_hold_is_refused(server: Server) -> No
     assert detail["projection_examples"] == 8
     spec["hidden"] = [128, 64]  # the default MLP: about 1 GiB, well within
     assert submit(admin, dataset_id, tabular(ids, labels), **spec).status_code == 201
-    spec["hidden"] = [512]
-    r = submit(admin, dataset_id, tabular(ids, labels), **spec, denoiser="noop")
+    noop = {"epsilon": 1, "architecture": "mlp", "hidden": [512], "denoiser": "noop"}
+    r = submit(admin, dataset_id, tabular(ids, labels), **noop)
     assert r.status_code == 201, r.text
     r = admin.post(f"/v1/datasets/{dataset_id}/trainings", data={"spec": json.dumps(spec)},
                    files={"file": ("features.xlsx", b"PK\x03\x04")})  # fmt: skip
