@@ -52,6 +52,21 @@ def authenticate(session: Session, token: str | None, admin_token: str | None) -
     return Principal(client.id, role)
 
 
+def confirm(session: Session, principal: Principal) -> None:
+    """Refuse (401) a client whose token was revoked since :func:`authenticate`.
+
+    A request is authenticated when it arrives, in a transaction of its own; a
+    revocation that commits while it runs (a slow upload, seconds of planning) must
+    still stop it from spending ε or fixing a partition plan. Called in the write
+    transaction, after the dataset lock and before its first write: the request
+    then commits wholly before a concurrent revocation, or not at all."""
+    if principal.is_admin:
+        return
+    client = clients_repository.read_locked(session, principal.id)
+    if client is None or client.revoked_at is not None:
+        raise UnauthorizedError("unknown or revoked token")
+
+
 def require(principal: Principal, *roles: Role) -> None:
     if principal.role not in roles:
         raise ForbiddenError(f"the {principal.role} role may not do this")

@@ -16,3 +16,10 @@ def grant(session: Session, dataset_id: str, client_id: str) -> Grant | None:
     return session.scalars(
         select(Grant).where(Grant.dataset_id == dataset_id, Grant.client_id == client_id)
     ).first()
+
+
+def read_locked(session: Session, client_id: str) -> Client | None:
+    """The client's row as committed now, held against a concurrent revocation
+    until this transaction ends (``FOR SHARE`` on Postgres; SQLite's write
+    transactions are serial)."""
+    return session.get(Client, client_id, with_for_update={"read": True}, populate_existing=True)

@@ -37,7 +37,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal, visible_dataset
+from label_party.auth import Principal, confirm, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import ClassificationDomain, parse_domain
 from label_party.db import transaction
@@ -260,6 +260,7 @@ def upload(
         # The shared readers speak of labels; these are priors (no label involved).
         raise InvalidPriorsError(exc.message, exc.detail) from None
     dataset = lock_dataset(session, dataset_id)
+    confirm(session, principal)
     sha = write_table(settings, table, priors_dir(settings, dataset.id))
     unmatched = _unmatched(settings, dataset, table.column("example_id"))
     prior = PriorSet(

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal, visible_dataset
+from label_party.auth import Principal, confirm, visible_dataset
 from label_party.config import Settings
 from label_party.db import transaction
 from label_party.exceptions import ConflictError, InvalidRequestError
@@ -74,6 +74,7 @@ def register(
     clean, sizes = _parse(source, fmt)
     if existing is None:
         dataset = lock_dataset(session, dataset_id)
+        confirm(session, principal)
         existing = get_plan(session, dataset.id)  # registered while the file was read?
         if existing is None:
             return _create(session, settings, principal, dataset, clean, sizes), True

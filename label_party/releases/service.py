@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal, require, visible_dataset
+from label_party.auth import Principal, confirm, require, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
 from label_party.db import transaction
@@ -241,6 +241,7 @@ def create(
         _precheck(reader, settings, principal, dataset_id, body)
     dataset = visible_dataset(session, principal, dataset_id)
     dataset = ledger.lock_dataset(session, dataset.id)
+    confirm(session, principal)
     digest = fingerprint(body)
     if body.idempotency_key is not None:
         existing = repository.by_idempotency_key(session, dataset.id, body.idempotency_key)

@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal, require, visible_dataset
+from label_party.auth import Principal, confirm, require, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
 from label_party.db import transaction
@@ -374,11 +374,13 @@ def create(
         hopeless = replay is None and not ledger.affordable(reader, dataset, least)
     if hopeless:  # refused and audited under the lock (it may have become affordable)
         locked = ledger.lock_dataset(session, dataset.id)
+        confirm(session, principal)
         ledger.refuse_unless_affordable(
             session, principal, locked, least, what="training", delta_known=spec.delta is not None
         )
     draft = None if replay else _draft(settings, dataset, spec, source, fmt)
     dataset = ledger.lock_dataset(session, dataset.id)
+    confirm(session, principal)
     existing = _replay(session, principal, dataset.id, spec, digest)
     if existing is not None:
         return existing, False

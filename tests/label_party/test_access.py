@@ -4,10 +4,22 @@ their own releases, auditors read budgets and audit only, nobody reads raw label
 
 from __future__ import annotations
 
+import io
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session
 
+from label_party.auth import Principal
+from label_party.db import connect, transaction
+from label_party.example_priors import service as priors
+from label_party.exceptions import UnauthorizedError
+from label_party.partitions import service as partitions
+from label_party.releases import service as releases
+from label_party.trainings import service as trainings
+from label_party.trainings.schemas import TrainingSpec
+from shared.protocol import ReleaseCreate
 from tests.label_party.conftest import Server
 from tests.label_party.helpers import (
     create_client,
@@ -181,6 +193,65 @@ def test_role_endpoint_matrix(server: Server) -> None:
     revoked_id, revoked_token = create_client(admin, "client", "revoked")
     assert admin.delete(f"/v1/clients/{revoked_id}").status_code == 200
     assert server.client(revoked_token).get("/v1/datasets").status_code == 401
+
+
+def test_a_client_revoked_while_its_request_runs_writes_nothing(server: Server) -> None:
+    """A request is authenticated when it arrives; a revocation committed while it
+    ran (a slow upload, seconds of planning) stopped nothing: its release or
+    training spent ε, its partition plan became the dataset's for good. Each write
+    now re-reads the client under the dataset lock: here each is called as the
+    request authenticated before the revocation would call it."""
+    admin = server.client()
+    r = admin.post("/v1/datasets", json={"name": "d", "task": "classification",
+                                         "label_domain": {"num_classes": 3},
+                                         "epsilon_budget": 10, "delta_budget": 0.01})  # fmt: skip
+    ds = r.json()["id"]
+    ids = [f"e{i}" for i in range(60)]
+    assert upload_labels(admin, ds, ids, [i % 3 for i in range(60)]).status_code == 200
+    client_id, _ = create_client(admin)
+    assert admin.post(f"/v1/datasets/{ds}/grants", json={"client_id": client_id}).is_success
+    principal = Principal(client_id, "client")  # what authenticate() gave the request
+    assert admin.delete(f"/v1/clients/{client_id}").status_code == 200
+    budget = admin.get(f"/v1/datasets/{ds}/budget").json()
+    audit = admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]
+
+    settings, db = server.settings, connect(server.settings.resolved_database_url)
+
+    def upload(columns: dict[str, list[Any]]) -> io.BytesIO:
+        return io.BytesIO(parquet_bytes({"example_id": ids, **columns}))
+
+    spec = TrainingSpec.model_validate_json('{"epsilon": 1, "delta": 1e-4, "denoiser": "noop", '
+                                            '"architecture": "mlp", "hidden": [4]}')  # fmt: skip
+    writes: dict[str, Callable[[Session], object]] = {
+        "release": lambda s: releases.create(
+            s, settings, principal, ds,
+            ReleaseCreate.model_validate({"mechanism": {"name": "rr"}, "epsilon": 1}),
+            unlocked=db.reader,
+        ),
+        "training": lambda s: trainings.create(
+            s, settings, principal, ds, spec, upload({"x": [0.5] * 60}), "parquet",
+            unlocked=db.reader,
+        ),
+        "partition plan": lambda s: partitions.register(
+            s, settings, principal, ds, upload({"part": ["a"] * 60}), "parquet",
+            unlocked=db.reader,
+        ),
+        "prior set": lambda s: priors.upload(
+            s, settings, principal, ds, upload({"group": ["g"] * 60}), "parquet", "groups",
+            unlocked=db.reader,
+        ),
+    }  # fmt: skip
+    try:
+        for what, write in writes.items():
+            with pytest.raises(UnauthorizedError), transaction(db.writer) as session:
+                write(session)
+                pytest.fail(f"a revoked client's {what} was written")
+    finally:
+        db.dispose()
+    assert admin.get(f"/v1/datasets/{ds}/budget").json() == budget
+    assert admin.get(f"/v1/datasets/{ds}/audit").json()["entries"] == audit
+    assert admin.get(f"/v1/datasets/{ds}/partitions").status_code == 404
+    assert admin.get(f"/v1/datasets/{ds}/trainings").json() == []
 
 
 def test_no_endpoint_serves_raw_labels(server: Server) -> None:
