@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,18 @@ def test_auto_says_what_it_chose_and_why(capsys: pytest.CaptureFixture[str]) -> 
     assert chosen and chosen[0].split()[1] == "rr-on-bins:" and "absolute loss" in chosen[0]
 
 
+def test_the_poisson_loss_previews_counts_that_start_at_zero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A release accepts them (RAND HIE's spend starts at $0); the preview refused
+    them, so the Poisson loss could not be looked at before spending."""
+    assert main(["mechanism", "preview", "--mechanism", "rr-on-bins", "--epsilon", "1",
+                 "--loss", "poisson", "--input", str(EXAMPLE), "--json"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert json.loads(EXAMPLE.read_text())["values"][0] == 0
+    assert min(out["outputs"]) > 0 and math.isfinite(out["noisy_label_loss"])
+
+
 def test_unbiased_is_unbiased_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mechanism", "preview", "--mechanism", "unbiased", "--epsilon", "1",
                  "--mesh", "64", "--input", str(EXAMPLE), "--json"]) == 0  # fmt: skip
@@ -74,7 +87,7 @@ def test_unbiased_is_unbiased_through_the_cli(capsys: pytest.CaptureFixture[str]
         ([0, 1], [0.5, 0.6], [], "sum to one"),
         ([1, 0], [0.5, 0.5], [], "sorted"),
         ([0, 0], [0.5, 0.5], [], "duplicates"),
-        ([0, 1], [0.5, 0.5], ["--loss", "poisson"], "Poisson"),
+        ([-1, 1], [0.5, 0.5], ["--loss", "poisson"], "Poisson loss needs non-negative"),
         ([0, 1], [0.5, 0.5], ["--epsilon", "0"], "epsilon"),
         ([0, 1], [0.5, 0.5], ["--epsilon", "-1"], "epsilon"),
         ([0, 1], [0.5, 0.5], ["--mechanism", "unbiased", "--mesh", "1"], "mesh"),
