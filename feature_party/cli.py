@@ -202,9 +202,8 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from feature_party.app import create_app
+    from shared.startup import serve
 
     settings = _ready_settings()
     try:
@@ -212,7 +211,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:  # the admin token
         raise StartupError(str(exc)) from None
     configure_logging(settings.log_level)
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, ws="none")
+    serve(app, args.host, args.port, ws="none")
     return 0
 
 

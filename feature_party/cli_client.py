@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from feature_party.client import path_segment
-from shared.cli_errors import CommandError, ServiceFailedError, refusal
+from shared.cli_errors import CommandError, detail_text, refusal, unreachable
 from shared.pagination import every_row
 from shared.spending import command_key
 from shared.tokens import admin_token_problem
@@ -70,7 +70,7 @@ def _send(
             timeout=TIMEOUT_SECONDS,
         )
     except httpx.TransportError as exc:
-        raise ServiceFailedError(f"cannot reach {url}: {exc}") from None
+        raise unreachable(url, exc) from None
     try:
         answer = response.json()
     except ValueError:
@@ -79,7 +79,7 @@ def _send(
         ) from None
     if response.status_code >= 400:
         # The detail names what to fix (a field, the rows at fault), as label-party shows it.
-        detail = f" {json.dumps(answer['detail'])}" if answer.get("detail") else ""
+        detail = f" {detail_text(answer['detail'])}" if answer.get("detail") else ""
         message = f"{answer.get('error')}: {answer.get('message')}{detail}"
         raise refusal(response.status_code, message)
     return response

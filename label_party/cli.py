@@ -14,7 +14,7 @@ from typing import Any
 from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismSpec
-from shared.cli_errors import CommandError, ServiceFailedError, refusal
+from shared.cli_errors import CommandError, detail_text, refusal, unreachable
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.spending import command_key
 from shared.worker_loop import run_queue_worker
@@ -28,14 +28,24 @@ def privacy_amount(text: str) -> str:
     """An argparse type for ε and δ amounts: a finite decimal number ≥ 0, sent as
     typed (the API takes decimals, so 0.1 stays exactly 0.1); a bad one is a usage
     error naming the option, before anything is sent."""
+    return _amount(text, positive=False)
+
+
+def positive_privacy_amount(text: str) -> str:
+    """:func:`privacy_amount` > 0: what is spent (ε, a training's δ) and ε budgets."""
+    return _amount(text, positive=True)
+
+
+def _amount(text: str, *, positive: bool) -> str:
     try:
         value = Decimal(text.strip())
     except InvalidOperation:
         raise argparse.ArgumentTypeError(
             f"expected a number such as 1 or 0.5, got {text!r}"
         ) from None
-    if not value.is_finite() or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
+    if not value.is_finite() or value < 0 or (positive and value == 0):
+        least = "> 0" if positive else "≥ 0"
+        raise argparse.ArgumentTypeError(f"expected a finite number {least}, got {text!r}")
     return text.strip()
 
 
@@ -188,11 +198,9 @@ def run_preview(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from label_party.app import create_app
     from shared.logging import configure_logging
-    from shared.startup import load_settings, prepare_data_dir, sole_server
+    from shared.startup import load_settings, prepare_data_dir, serve, sole_server
 
     settings = load_settings(Settings)
     prepare_data_dir(settings.data_dir)
@@ -200,13 +208,7 @@ def run_serve(args: argparse.Namespace) -> int:
     with sole_server(settings.data_dir, "labels-party"):
         _prepared(settings)
         configure_logging(settings.log_level)
-        uvicorn.run(
-            create_app(settings),
-            host=args.host,
-            port=args.port,
-            log_config=None,
-            access_log=False,
-        )
+        serve(create_app(settings), args.host, args.port)
     return 0
 
 
@@ -281,7 +283,10 @@ def _register_client_commands(
         help='JSON, e.g. \'{"min": 0, "max": 100}\' or \'{"num_classes": 10}\'',
     )  # fmt: skip
     p.add_argument(
-        "--epsilon-budget", required=True, type=privacy_amount, help="the dataset's total ε"
+        "--epsilon-budget",
+        required=True,
+        type=positive_privacy_amount,
+        help="the dataset's total ε",
     )
     p.add_argument(
         "--delta-budget", default="0", type=privacy_amount,
@@ -315,7 +320,10 @@ def _register_client_commands(
         "`labeldp mechanism preview` tries one on a prior, free)",
     )  # fmt: skip
     p.add_argument(
-        "--epsilon", required=True, type=privacy_amount, help="all the ε this release spends"
+        "--epsilon",
+        required=True,
+        type=positive_privacy_amount,
+        help="all the ε this release spends",
     )
     p.add_argument(
         "--prior-epsilon",
@@ -386,13 +394,13 @@ def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) ->
             **kwargs,
         )
     except httpx.TransportError as exc:
-        raise ServiceFailedError(f"cannot reach {args.url}: {exc}") from None
+        raise unreachable(args.url, exc) from None
     if response.status_code >= 400:
         try:
             body = response.json()
             message = f"{body['error']}: {body['message']}"
             if body.get("detail"):
-                message += f" {json.dumps(body['detail'])}"
+                message += f" {detail_text(body['detail'])}"
         except (ValueError, KeyError, TypeError):
             message = (
                 f"{response.request.url} answered {response.status_code} without the labels "
@@ -528,11 +536,11 @@ def _register_training_commands(
         help=".parquet, .csv or .jsonl: an example_id column and numeric feature columns",
     )  # fmt: skip
     p.add_argument(
-        "--epsilon", required=True, type=privacy_amount,
+        "--epsilon", required=True, type=positive_privacy_amount,
         help="charged to the dataset when accepted",
     )  # fmt: skip
     p.add_argument(
-        "--delta", type=privacy_amount,
+        "--delta", type=positive_privacy_amount,
         help="default: 1/n, n the labelled examples the features cover",
     )  # fmt: skip
     p.add_argument(

@@ -8,7 +8,6 @@ to stderr; the exit status says whose it is (:data:`EXIT_STATUSES`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -22,7 +21,7 @@ from label_party import cli as label_cli
 from labeldp import demo, experiment
 from labeldp.datasets import DatasetUnavailableError
 from labeldp.processes import ServiceStartError
-from shared.cli_errors import CommandError
+from shared.cli_errors import CommandError, detail_text
 from shared.migrations import SchemaError
 from shared.startup import StartupError
 from shared.worker_loop import WorkerBusyError
@@ -99,7 +98,7 @@ def _with_detail(exc: Exception) -> str:
     """A refusal with its detail (the rows at fault, by number and reason: the labels
     party never puts a value there), as ``labeldp label-party`` commands show it."""
     if isinstance(exc, LabelsPartyHTTPError) and exc.detail:
-        return f"{exc} {json.dumps(exc.detail)}"
+        return f"{exc} {detail_text(exc.detail)}"
     return str(exc)
 
 

@@ -42,6 +42,7 @@ from labeldp.harness import (
     parquet_bytes,
 )
 from labeldp.harness import RunError as DemoError
+from shared.cli_errors import CommandError
 
 __all__ = ["DemoError", "Plan", "default_plan", "play", "register", "run"]
 
@@ -252,12 +253,12 @@ def _writable_output(out: Path) -> None:
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as exc:
-        raise DemoError(f"--output {out}: cannot write there ({exc.strerror})") from None
+        raise CommandError(f"--output {out}: cannot write there ({exc.strerror})") from None
 
 
 def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.epsilon) and args.epsilon > 0):
-        raise DemoError(f"--epsilon must be a finite number > 0, got {args.epsilon}")
+        raise CommandError(f"--epsilon must be a finite number > 0, got {args.epsilon}")
     plan = default_plan(quick=args.quick, epsilon=args.epsilon)
     _writable_output(args.output)  # before the minute of work, not after it
     started = time.perf_counter()

@@ -784,13 +784,10 @@ def _plain_text(rst: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        endpoints = endpoints_from(args.labels_party, args.labels_token,
-                                   args.features_party, args.features_token)  # fmt: skip
-        if endpoints is not None:
-            check_answering(endpoints)
-    except RunError as exc:
-        raise ValueError(str(exc)) from None
+    endpoints = endpoints_from(args.labels_party, args.labels_token,
+                               args.features_party, args.features_token)  # fmt: skip
+    if endpoints is not None:
+        check_answering(endpoints)
     setup = setup_from(args)
     started = time.perf_counter()
 

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from feature_party.client import LabelsPartyClient
 from labeldp.datasets import Dataset
 from labeldp.processes import ServiceProcess, free_port, running
+from shared.cli_errors import CommandError, ServiceFailedError, refusal
 
 
 class RunError(RuntimeError):
@@ -69,7 +70,7 @@ def endpoints_from(
         return Endpoints(str(labels_url), str(labels_token), str(features_url),
                          str(features_token))  # fmt: skip
     if any(given):
-        raise RunError("give both --labels-party and --features-party with their tokens "
+        raise CommandError("give both --labels-party and --features-party with their tokens "
                        "(--labels-token/--features-token, or $LABELDP_LABELS_TOKEN/"
                        "$LABELDP_FEATURES_TOKEN), or neither")  # fmt: skip
     return None
@@ -89,10 +90,12 @@ def check_answering(endpoints: Endpoints) -> None:
                 url.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"}, timeout=30
             )
         except httpx.HTTPError as exc:
-            raise RunError(f"the {name} at {url} does not answer: {exc}") from None
+            raise ServiceFailedError(f"the {name} at {url} does not answer: {exc}") from None
         if answer.status_code != 200:
             why = "its token was refused" if answer.status_code in (401, 403) else answer.text[:200]
-            raise RunError(f"the {name} at {url} answered {answer.status_code}: {why}")
+            raise refusal(
+                answer.status_code, f"the {name} at {url} answered {answer.status_code}: {why}"
+            )
 
 
 @contextmanager

@@ -11,6 +11,11 @@ message on one line of stderr and exits with :attr:`CommandError.exit_status`:
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import httpx
+
 
 class CommandError(Exception):
     """A command, or its request, that the user must change (exit status 2)."""
@@ -28,3 +33,18 @@ def refusal(status: int, message: str) -> CommandError:
     """The error for an HTTP answer with ``status`` ≥ 400: 429 and 5xx are the
     service's (retry later), other 4xx the request's."""
     return ServiceFailedError(message) if status == 429 or status >= 500 else CommandError(message)
+
+
+def unreachable(url: str, exc: httpx.TransportError) -> CommandError:
+    """The error for a request that got no answer: a URL that is not http(s) is the
+    command's to change (nothing was sent); a service that did not answer, the
+    service's."""
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return CommandError(f"{url} is not a URL to send requests to: give http://… or https://…")
+    return ServiceFailedError(f"cannot reach {url}: {exc}")
+
+
+def detail_text(detail: Any) -> str:
+    """A refusal's detail as the commands print it: JSON, on one line, with its text
+    as written ("max − min", not "max \\u2212 min")."""
+    return json.dumps(detail, ensure_ascii=False)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from sqlalchemy import Engine
@@ -125,3 +126,34 @@ def sole_server(data_dir: Path, party: str) -> Iterator[None]:
                 "one server per data directory"
             )
         yield
+
+
+def serve(app: Any, host: str, port: int, **options: Any) -> None:
+    """Run ``app`` under uvicorn on ``host:port``, on a socket bound here first: a
+    port in use, or an address that is not this machine's, is a :class:`StartupError`
+    (one line) instead of uvicorn's log lines and its exit status 3."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
+                            **options)  # fmt: skip
+    server = uvicorn.Server(config)
+    with _listening(host, port) as sock:
+        server.run(sockets=[sock])
+    if not server.started:
+        raise StartupError("the service stopped while starting: the log above says why")
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` as uvicorn binds one (IPv6 for a host
+    with a colon; ``SO_REUSEADDR``, so a restart need not wait out TIME_WAIT)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; another process may "
+            "hold the port: stop it, or give --port (and --host) another"
+        ) from None
+    return sock

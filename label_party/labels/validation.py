@@ -61,7 +61,10 @@ def file_format(filename: str | None, content_type: str | None) -> FileFormat:
     if name.endswith((".csv", ".txt")) or (content_type or "").startswith("text/csv"):
         return "csv"
     # A format, not a label, is at fault: the generic code, for every upload.
-    raise InvalidRequestError("the file must be .csv, .parquet or .jsonl (by its name or type)")
+    raise InvalidRequestError(
+        "the file must be Parquet (.parquet, or the type application/vnd.apache.parquet), "
+        "CSV (.csv, .txt, or the type text/csv) or JSON Lines (.jsonl, .ndjson, .json)"
+    )
 
 
 #: Bytes of a CSV's first line read for its column names.

@@ -63,6 +63,7 @@ def test_a_party_down_or_refusing_its_token_is_found_before_anything_is_created(
         assert down.returncode == 1
         assert "the features party at http://127.0.0.1:9 does not answer" in down.stderr
         refused = demo("wrong-" + token, "http://127.0.0.1:9")
+        assert refused.returncode == 2  # the command must change (`labeldp --help`)
         assert f"the labels party at {labels.url} answered 401: its token was refused" in (
             refused.stderr
         )
@@ -75,7 +76,7 @@ def test_half_given_endpoints_are_refused(tmp_path: Path) -> None:
         [sys.executable, "-m", "labeldp", "demo", "--labels-party", "http://127.0.0.1:9"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "give both" in proc.stderr
 
 
@@ -85,7 +86,7 @@ def test_a_bad_epsilon_is_refused_before_anything_starts(tmp_path: Path, epsilon
         [sys.executable, "-m", "labeldp", "demo", "--epsilon", epsilon, "--output", str(tmp_path)],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "--epsilon must be a finite number > 0" in proc.stderr
     assert not any(tmp_path.iterdir())
 
@@ -133,7 +134,7 @@ def test_an_unwritable_output_is_refused_before_the_demo_runs() -> None:
         [sys.executable, "-m", "labeldp", "demo", "--quick", "--output", "/proc/labeldp-demo"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert "--output /proc/labeldp-demo: cannot write there" in proc.stderr
     assert "Traceback" not in proc.stderr and "starting" not in proc.stdout
 

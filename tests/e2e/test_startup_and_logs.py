@@ -167,3 +167,19 @@ def test_a_full_disk_is_a_507_in_the_access_log_too(tmp_path: Path) -> None:
              if line.startswith("{")]  # fmt: skip
     statuses = [r["status"] for r in lines if r["message"] == "request"]
     assert 507 in statuses and 500 not in statuses, statuses
+
+
+@pytest.mark.parametrize("party", ["label-party", "feature-party"])
+def test_a_port_in_use_is_one_line_and_status_2(tmp_path: Path, party: str) -> None:
+    """uvicorn logged the bind error as JSON lines and exited 3, a status ``labeldp
+    --help`` does not list."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = _start(tmp_path, [party, "serve", "--port", str(port)], {})
+    assert done.returncode == 2, done.stderr[-2000:]
+    [line] = done.stderr.strip().splitlines()
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line

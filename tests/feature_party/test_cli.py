@@ -57,6 +57,13 @@ def test_a_client_command_ignores_the_service_s_settings_and_never_prints_the_to
     # Nothing answered: the service's failure, not the command's (exit status 1).
     assert done.returncode == 1 and "cannot reach http://127.0.0.1:9" in done.stderr
     assert ADMIN[:8] not in done.stderr + done.stdout
+    # A URL no request can go to is the command's to change (it was 1, "try later").
+    done = subprocess.run(
+        [sys.executable, "-m", "labeldp", "feature-party", "jobs", "get", "some-job",
+         "--url", "notaurl"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "give http://… or https://…" in done.stderr, done.stderr
 
 
 def test_multistage_options_are_checked_before_any_request(tmp_path: Path) -> None:

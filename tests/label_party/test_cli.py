@@ -206,6 +206,19 @@ def test_the_exit_status_says_whose_the_failure_is(
     dead = ["--url", "http://127.0.0.1:9", "--token", ADMIN_TOKEN]
     assert main(["label-party", "budget", "no-such-dataset", *dead]) == 1
     assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
+    # A URL no request can go to is the command's to change (it was 1, "try later").
+    for url in ("notaurl", "ftp://127.0.0.1:9"):
+        assert main(["label-party", "budget", "d", "--url", url, "--token", ADMIN_TOKEN]) == 2
+        assert "give http://… or https://…" in capsys.readouterr().err
+    # A refusal's detail reads as written, not as JSON's \u escapes.
+    create = ["label-party", "create-dataset", "--name", "k", "--epsilon-budget", "1", *token]
+    assert main([*create, "--domain", '{"min": 0, "max": 1, "step": 0.3}']) == 2
+    assert "(max − min) must be a whole number of steps" in capsys.readouterr().err
+    # ε is spent or budgeted only if positive: 0 is a usage error, not the server's 422.
+    with pytest.raises(SystemExit) as zero:
+        main(["label-party", "create-dataset", "--name", "z", "--epsilon-budget", "0", *token,
+              "--domain", '{"num_classes": 2}'])  # fmt: skip
+    assert zero.value.code == 2 and "expected a finite number > 0" in capsys.readouterr().err
     assert [refusal(status, "").exit_status for status in (429, 500, 503, 409, 422)] == [
         1,
         1,

@@ -250,7 +250,9 @@ def test_upload_limits_and_errors(make_server: object) -> None:
     )
     assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
     r = admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.xlsx", b"x")})
+    # It names every format the service reads, as the docs do.
     assert r.status_code == 422
+    assert all(kind in r.json()["message"] for kind in (".txt", ".ndjson", ".json", "text/csv"))
     r = admin.post(f"/v1/datasets/{ds}/labels", files={"file": ("l.csv", b"example_id,label\na,x")})
     assert r.status_code == 422 and r.json()["detail"]["rows"][0]["row"] == 1
     audit = admin.get(f"/v1/datasets/{ds}/audit").json()["entries"]
