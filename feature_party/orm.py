@@ -108,3 +108,17 @@ class MultistageRun(Base):
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+
+class PendingReleaseKey(Base):
+    """The idempotency key this service made for a new release asked without one,
+    kept from before the labels party is asked until the release's labels are
+    stored here: a retry of the same request (:func:`received_labels.service.
+    request_fingerprint`) after a crash or a lost answer sends the same key, and
+    gets the release that was paid for instead of paying again."""
+
+    __tablename__ = "pending_release_keys"
+
+    fingerprint: Mapped[str] = mapped_column(String(64), primary_key=True)
+    idempotency_key: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)

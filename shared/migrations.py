@@ -61,7 +61,7 @@ def upgrade_to_head(
     other party's) exists."""
     config = Config()
     config.set_main_option("script_location", str(script_location))
-    migrator = _immediate_sqlite(engine) if _is_sqlite_file(engine) else engine
+    migrator = migration_engine(engine)
     try:
         with migrator.begin() as connection:
             if connection.dialect.name == "postgresql":
@@ -99,6 +99,13 @@ def _refuse_newer(connection: Connection, config: Config, party: str) -> None:
             "migrated by a newer version; run that version, or restore a backup taken "
             "before the upgrade"
         )
+
+
+def migration_engine(engine: Engine) -> Engine:
+    """``engine``, or for a SQLite file an engine on it whose transactions hold DDL
+    too (pysqlite commits a DDL statement on its own): a migration that fails
+    half-way changes nothing. The caller disposes it if it is not ``engine``."""
+    return _immediate_sqlite(engine) if _is_sqlite_file(engine) else engine
 
 
 def _is_sqlite_file(engine: Engine) -> bool:

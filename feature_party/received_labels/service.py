@@ -8,6 +8,8 @@ and the row is added in the request's transaction.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import uuid
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -40,7 +42,7 @@ from feature_party.errors import (
     no_join,
 )
 from feature_party.feature_sets.repository import FeatureSetRepository
-from feature_party.orm import FeatureSet, ReceivedLabels
+from feature_party.orm import FeatureSet, PendingReleaseKey, ReceivedLabels
 from feature_party.received_labels.repository import ReceivedLabelsRepository
 from feature_party.received_labels.schemas import ReceivedLabelsCreate, ReceivedLabelsRead
 from feature_party.training.dataset import count_join
@@ -129,13 +131,49 @@ def with_header_key(request: ReceivedLabelsCreate, header_key: str) -> ReceivedL
     return request.model_copy(update={"release": keyed})
 
 
-def _with_key(request: ReceivedLabelsCreate) -> ReceivedLabelsCreate:
-    """``request`` whose new release has an idempotency key (one is made if the
-    caller gave none), so that every error can name it."""
+def _with_key(
+    session: Session, request: ReceivedLabelsCreate
+) -> tuple[ReceivedLabelsCreate, str | None]:
+    """``request`` whose new release has an idempotency key, so that every error can
+    name it, and the fingerprint of a key made here (None: the caller's key, or a
+    fetch). A key made here is committed before the labels party is asked
+    (:class:`PendingReleaseKey`): the caller never saw it if this service died or
+    its answer was lost, and the same request again must not pay again."""
     if request.release is None or request.release.idempotency_key is not None:
-        return request
-    keyed = request.release.model_copy(update={"idempotency_key": uuid.uuid4().hex})
-    return request.model_copy(update={"release": keyed})
+        return request, None
+    fingerprint = request_fingerprint(request)
+    lock_name(session, f"pending-key-{fingerprint}")  # two identical requests: one key
+    pending = session.get(PendingReleaseKey, fingerprint)
+    if pending is None:
+        pending = PendingReleaseKey(fingerprint=fingerprint, idempotency_key=uuid.uuid4().hex)
+        session.add(pending)
+    keyed = request.release.model_copy(update={"idempotency_key": pending.idempotency_key})
+    session.commit()
+    return request.model_copy(update={"release": keyed}), fingerprint
+
+
+def request_fingerprint(request: ReceivedLabelsCreate) -> str:
+    """What makes two keyless release requests the same one: the feature set, the
+    labels party, its token (so one client never sends a key another made) and
+    dataset, and the release asked for."""
+    assert request.release is not None
+    body = {
+        "feature_set_id": request.feature_set_id,
+        "labels_party_url": request.labels_party_url,
+        "token": request.token.get_secret_value(),
+        "dataset_id": request.dataset_id,
+        "release": request.release.model_dump(mode="json", exclude={"idempotency_key"}),
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _forget(session: Session, fingerprint: str | None) -> None:
+    """Drop a key made here once its release is stored: the same request again is a
+    new release, at a new cost, as with a key of the caller's."""
+    if fingerprint is not None:
+        session.execute(
+            delete(PendingReleaseKey).where(PendingReleaseKey.fingerprint == fingerprint)
+        )
 
 
 def _naming_key(error: FeaturePartyError, key: str) -> FeaturePartyError:
@@ -298,7 +336,7 @@ def receive(
     the answer)."""
     feature_set = FeatureSetRepository(session).get(request.feature_set_id)
     end_reads(session)
-    request = _with_key(request)
+    request, pending = _with_key(session, request)
     tmp = settings.data_dir / "tmp" / f"{uuid.uuid4().hex}.parquet"
     try:
         with make_client(
@@ -309,6 +347,8 @@ def receive(
             manifest = _fetch(client, request, tmp)
         known = _known(session, feature_set.id, request, manifest.id)
         if known is not None:  # a retry: no join to count again
+            _forget(session, pending)
+            session.commit()
             return known, False
         try:
             matched, unmatched, relative = _store(settings, feature_set, manifest, tmp)
@@ -327,7 +367,9 @@ def receive(
     lock_name(session, f"receive-{feature_set.id}-{request.labels_party_url}-"
                        f"{request.dataset_id}-{manifest.id}")  # fmt: skip
     known = _known(session, feature_set.id, request, manifest.id)
+    _forget(session, pending)
     if known is not None:
+        session.commit()
         return known, False
     row = _record_naming_release(
         session,
@@ -361,11 +403,11 @@ def _known(
 def _record_naming_release(
     session: Session, row: ReceivedLabels, request: ReceivedLabelsCreate
 ) -> ReceivedLabels:
-    """The one commit a service here makes: the row of a release the labels party
-    has charged for. A database that refuses it (full, or a value past a column's
-    size) must answer with the release and the key to fetch it again at no cost,
-    which the request's unit of work, committing after the answer was built, could
-    not."""
+    """The commit of the row of a release the labels party has charged for (and of
+    the end of its pending key, if this service made one). A database that refuses
+    it (full, or a value past a column's size) must answer with the release and the
+    key to fetch it again at no cost, which the request's unit of work, committing
+    after the answer was built, could not."""
     release_id = row.release_id
     try:
         ReceivedLabelsRepository(session).add(row)

@@ -11,17 +11,24 @@ from sqlalchemy import Engine, delete, inspect
 
 from feature_party.db import Database, migrate
 from feature_party.orm import Model
+from shared.migrations import migration_engine
 from tests.feature_party.conftest import make_settings
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "feature_party" / "migrations"
 
 
 def _downgrade(engine: Engine, revision: str) -> None:
+    """As an operator's Alembic run would, in one transaction (DDL included)."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, revision)
+    migrator = migration_engine(engine)
+    try:
+        with migrator.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, revision)
+    finally:
+        if migrator is not engine:
+            migrator.dispose()
 
 
 def test_downgrading_below_imported_models_refuses_while_one_exists(tmp_path: Path) -> None:
@@ -37,6 +44,8 @@ def test_downgrading_below_imported_models_refuses_while_one_exists(tmp_path: Pa
         with pytest.raises(RuntimeError, match="1 imported model"):
             _downgrade(database.engine, "0002")
         assert "source" in {c["name"] for c in inspect(database.engine).get_columns("models")}
+        # The refusal rolled back what the downgrade had done before it (0004's).
+        assert inspect(database.engine).has_table("pending_release_keys")
         with database.session() as session:
             session.execute(delete(Model))
         _downgrade(database.engine, "0002")
