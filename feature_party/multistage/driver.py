@@ -239,12 +239,7 @@ class Driver:
         if self.config["filter_top_k"]:
             earlier, filtered = self._filter(state, t, earlier)
         labels = pa.concat_tables([earlier, tables[-1]])
-        row = self._store_labels(state, t, labels)
-        return {
-            "training_labels_id": row.id,
-            "num_training_labels": row.num_labels,
-            "num_filtered": filtered,
-        }
+        return self._store_labels(state, t, labels, filtered)
 
     def _filter(self, state: dict[str, Any], t: int, earlier: pa.Table) -> tuple[pa.Table, int]:
         """Drop the earlier stages' labels outside the top-k* of the model of stage
@@ -257,9 +252,12 @@ class Driver:
         keep = in_top_k(probs, labels, float(self.config["epsilon"]))
         return earlier.filter(pa.array(keep)), int((~keep).sum())
 
-    def _store_labels(self, state: dict[str, Any], t: int, labels: pa.Table) -> ReceivedLabels:
+    def _store_labels(
+        self, state: dict[str, Any], t: int, labels: pa.Table, filtered: int
+    ) -> dict[str, Any]:
         """The stage's training labels as a received-labels row of its own (a
-        derived set: the union of the stages' releases, filtered)."""
+        derived set: the union of the stages' releases, filtered), recorded in the
+        run's state in the same transaction; the stage's fields."""
         body = _parquet(
             {
                 "example_id": pc.cast(labels.column("example_id"), pa.string()),
@@ -306,9 +304,20 @@ class Driver:
             matched=labels.num_rows,
             unmatched=0,
         )
+        update = {
+            "training_labels_id": row.id,
+            "num_training_labels": row.num_labels,
+            "num_filtered": filtered,
+        }
+        # The row and the run's record of it commit together, the run locked first,
+        # as a stage's job does: apart, a crash between them left a derived set that
+        # no run named, and the resume made another.
         with self.database.session() as session:
+            self._own(session)
             session.add(row)
-        return row
+            state["stages"][t - 1].update(update)
+            self._record(session, state)
+        return update
 
     def _train(self, state: dict[str, Any], t: int) -> dict[str, Any]:
         run, stage = self.run, state["stages"][t - 1]

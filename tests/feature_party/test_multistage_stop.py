@@ -306,3 +306,43 @@ def test_a_stage_s_job_commits_with_the_run_s_record_of_it(
         jobs = session.scalars(select(Job).where(Job.feature_set_id == feature_set_id)).all()
         assert jobs == []
     database.dispose()
+
+
+def test_a_stage_s_derived_labels_commit_with_the_run_s_record_of_them(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage's training labels (the union of its releases) committed as a
+    received-labels row of their own, the run's record of them in the next
+    transaction: a crash between left a row no run named, and a resume made another."""
+    import pyarrow as pa
+
+    from feature_party.multistage import driver as driver_module
+    from feature_party.orm import ReceivedLabels
+
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    driver, run_id, _, labels_id = _driver_of_a_new_run(
+        database, settings, "http://127.0.0.1:9", "d", "t"
+    )
+    with database.session() as session:
+        before = session.scalars(select(ReceivedLabels.id)).all()
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the service died here")
+
+    monkeypatch.setattr(driver_module, "utcnow", crash)  # the record's first write
+    stages = [{"stage": 1, "received_labels_id": labels_id, "release_id": "r1"},
+              {"stage": 2, "received_labels_id": labels_id, "release_id": "r2"}]  # fmt: skip
+    labels = pa.table({"example_id": ["a", "b"], "label": [0.0, 1.0]})
+    with pytest.raises(RuntimeError, match="died here"):
+        driver._store_labels({"stages": stages}, 2, labels, 0)
+    with database.session() as session:
+        assert session.scalars(select(ReceivedLabels.id)).all() == before
+    monkeypatch.undo()
+    stage = driver._store_labels({"stages": stages}, 2, labels, 0)
+    with database.session() as session:
+        run = session.get(MultistageRun, run_id)
+        assert run is not None
+        assert run.state["stages"][1]["training_labels_id"] == stage["training_labels_id"]
+        assert session.get(ReceivedLabels, stage["training_labels_id"]) is not None
+    database.dispose()
