@@ -161,7 +161,7 @@ def training_checkpoint_path(settings: Settings, training_id: str) -> Path:
     return settings.trainings_dir / "checkpoints" / f"{training_id}.pt"
 
 
-def _quarantine(settings: Settings, path: Path) -> int:
+def set_aside(settings: Settings, path: Path) -> int:
     """Move an unreferenced file under ``orphans/`` instead of deleting it: a server
     started against the wrong (or an empty) database must not destroy data. Across
     filesystems (``releases/`` may be a mount of its own) it is copied, then
@@ -220,7 +220,7 @@ def sweep_orphans(
     if settings.releases_dir.exists():
         for path in settings.releases_dir.glob("*.parquet"):
             if path.stem not in referenced:
-                removed += _quarantine(settings, path)
+                removed += set_aside(settings, path)
     keep = {
         (d, s)
         for d, s in session.execute(select(Dataset.id, Dataset.labels_sha256))
@@ -234,7 +234,7 @@ def sweep_orphans(
         if root.exists():
             for path in root.glob("*/*.parquet"):
                 if (path.parent.name, path.stem) not in keep:
-                    removed += _quarantine(settings, path)
+                    removed += set_aside(settings, path)
     if removed:
         logger.warning(
             "set aside unreferenced files under orphans/",
@@ -274,7 +274,7 @@ def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: flo
         if root.exists():
             for path in root.glob(pattern):
                 if path.stem not in keep and _older_than(path, cutoff):
-                    removed += _quarantine(settings, path)
+                    removed += set_aside(settings, path)
     return removed
 
 

@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
 from label_party.audit import service as audit
@@ -58,8 +59,10 @@ from label_party.db import Database, transaction
 from label_party.models import Dataset, Training
 from label_party.storage import (
     labels_path,
+    set_aside,
     training_checkpoint_path,
     training_features_path,
+    training_model_path,
     training_models_dir,
     training_tmp_dir,
 )
@@ -382,7 +385,16 @@ class Worker(PollingWorker):
             log.info("training %s: succeeded, model %s", training_id, sha)
         else:
             log.warning("training %s finished but is no longer ours; result dropped", training_id)
+            self._set_aside_unless_named(sha)
         return ok
+
+    def _set_aside_unless_named(self, sha: str) -> None:
+        """The model of a dropped result goes to ``orphans/`` now, not at the next
+        server start's sweep, unless a training names the same bytes."""
+        with transaction(self.db.reader) as session:
+            named = session.scalar(select(Training.id).where(Training.model_sha256 == sha))
+        if named is None:
+            set_aside(self.settings, training_model_path(self.settings, sha))
 
     def _audit(self, session: Any, training_id: str, action: str, payload: dict[str, Any]) -> None:
         training = session.get(Training, training_id)

@@ -825,6 +825,9 @@ def test_a_worker_that_lost_its_training_leaves_the_new_owner_s_checkpoint(
         list(pool.map(lambda _: write_checkpoint(path, state, plan), range(16)))
     assert read_checkpoint(path, plan) is not None
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".partial")] == []
+    models, orphans = (root / "trainings" / "models" for root in
+                       (settings.data_dir, settings.data_dir / "orphans"))  # fmt: skip
+    kept, set_aside = set(models.glob("*.pt")), set(orphans.glob("*.pt"))
     db = connect(settings.resolved_database_url)
     try:
         worker = Worker(db, settings, worker_id="lapsed-worker")
@@ -832,6 +835,8 @@ def test_a_worker_that_lost_its_training_leaves_the_new_owner_s_checkpoint(
         assert worker._record_success(queued["id"], {"format": "x"}, {}, {}, None) is False
     finally:
         db.dispose()
+    # The model it published is set aside now, not left until the next server start.
+    assert set(models.glob("*.pt")) == kept and len(set(orphans.glob("*.pt")) - set_aside) == 1
     assert path.exists()  # the checkpoint is the owner's to use and drop
     assert client.get(f"/v1/trainings/{queued['id']}").json()["status"] == "queued"
     path.unlink()
