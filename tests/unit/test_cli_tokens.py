@@ -7,7 +7,8 @@ import pyarrow as pa
 import pytest
 
 from labeldp.cli import _shown, attach_token_values, build_parser
-from labeldp.harness import RunError, endpoints_from
+from labeldp.harness import endpoints_from
+from shared.cli_errors import CommandError
 
 
 def test_the_demo_takes_dash_tokens() -> None:
@@ -34,7 +35,7 @@ def test_the_harness_tokens_come_from_variables(
     assert (endpoints.labels_admin_token, endpoints.features_token) == ("lp-secret", "fp-secret")
     # Exported for runs against services, they must not stop a local run.
     assert endpoints_from(None, None, None, None) is None
-    with pytest.raises(RunError, match="LABELDP_LABELS_TOKEN"):
+    with pytest.raises(CommandError, match="LABELDP_LABELS_TOKEN"):
         endpoints_from("http://a", None, None, None)
 
 
