@@ -215,7 +215,12 @@ def _precheck(
         or repository.failure_by_idempotency_key(session, dataset.id, key) is not None
     ):
         return
-    scope = _scope(settings, session, dataset, body)
+    try:
+        scope = _scope(settings, session, dataset, body)
+    except FileNotFoundError:
+        # Labels replaced since this row was read took their file with them: the
+        # head start is off, and the locked path, which reads the row anew, decides.
+        return
     if ledger.affordable(session, dataset, scope.cost):
         preflight(scope.plan, scope.in_scope)
 

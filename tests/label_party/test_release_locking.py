@@ -79,3 +79,30 @@ def test_the_fit_to_a_uniform_prior_leaves_other_writers_free(
     assert release(admin, ds, 0.5).status_code == 201
     assert written == [201]  # it would wait for the release's write lock, and time out
     assert calls == [3, 3]  # the precheck's fit, then the cached verdict under the lock
+
+
+def test_labels_replaced_while_a_parts_release_is_checked_are_no_500(
+    admin: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check outside the lock counts a parts release's labels from the file its
+    row names; an upload committing in between had deleted that file: 500
+    internal_error (56 of 1,129 releases in a reviewer's storm). The check steps
+    aside and the locked path, reading the row anew, decides."""
+    ds = create_dataset(admin, task="classification", domain={"num_classes": 3}, epsilon_budget=5)
+    ids = [f"e{i}" for i in range(300)]
+    assert upload_labels(admin, ds, ids, [i % 3 for i in range(300)]).status_code == 200
+    plan = "example_id,part\n" + "".join(f"{e},p{i % 2}\n" for i, e in enumerate(ids))
+    r = admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("plan.csv", plan)})
+    assert r.status_code == 201, r.text
+    original, replaced = service._labels_in_scope, []
+
+    def racing(settings: Settings, dataset: Any, selected: Any) -> int:
+        if not replaced:  # the unlocked check's read: labels replaced just before it
+            with httpx.Client(base_url=admin.base_url, headers=admin.headers, timeout=20) as c:
+                replaced.append(upload_labels(c, ds, ids, [(i + 1) % 3 for i in range(300)]))
+        return original(settings, dataset, selected)
+
+    monkeypatch.setattr(service, "_labels_in_scope", racing)
+    r = release(admin, ds, 1, mechanism={"name": "rr"}, parts=["p0"])
+    assert replaced[0].status_code == 200 and r.status_code == 201, r.text
+    assert r.json()["num_labels"] == 150
