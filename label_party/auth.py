@@ -18,6 +18,7 @@ from typing import Literal
 from sqlalchemy.orm import Session
 
 from label_party.clients import repository as clients_repository
+from label_party.db import lock_client
 from label_party.exceptions import ForbiddenError, NotFoundError, UnauthorizedError
 from label_party.models import Dataset
 
@@ -59,10 +60,12 @@ def confirm(session: Session, principal: Principal) -> None:
     revocation that commits while it runs (a slow upload, seconds of planning) must
     still stop it from spending ε or fixing a partition plan. Called in the write
     transaction, after the dataset lock and before its first write: the request
-    then commits wholly before a concurrent revocation, or not at all."""
+    then commits wholly before a concurrent revocation, or not at all
+    (:func:`label_party.db.lock_client`)."""
     if principal.is_admin:
         return
-    client = clients_repository.read_locked(session, principal.id)
+    lock_client(session, principal.id, revoking=False)
+    client = clients_repository.read_current(session, principal.id)
     if client is None or client.revoked_at is not None:
         raise UnauthorizedError("unknown or revoked token")
 

@@ -16,6 +16,7 @@ work in one worker-thread call (:func:`label_party.deps.in_worker_thread`).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -119,6 +120,22 @@ def lock_audit_chain(session: Session) -> None:
     """
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(7358001)"))
+
+
+def lock_client(session: Session, client_id: str, *, revoking: bool) -> None:
+    """Hold a client until this transaction ends: shared by a write it makes
+    (:func:`label_party.auth.confirm`), exclusive by its revocation.
+
+    Postgres advisory locks, whose queue is fair: a revocation waits for the writes
+    already holding the client, and those that arrive after it wait for it (and
+    find the client revoked). The row's ``FOR SHARE`` let each new write in ahead of
+    a waiting ``FOR UPDATE``, so a busy client's revocation waited, and its new
+    releases spent, for as long as it kept sending. SQLite writers are serial."""
+    if session.get_bind().dialect.name == "postgresql":
+        digest = hashlib.sha256(f"labeldp-client:{client_id}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big", signed=True)
+        function = "pg_advisory_xact_lock" if revoking else "pg_advisory_xact_lock_shared"
+        session.execute(text(f"SELECT {function}(:k)"), {"k": key})
 
 
 def read_snapshot(session: Session) -> None:

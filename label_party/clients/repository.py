@@ -18,8 +18,6 @@ def grant(session: Session, dataset_id: str, client_id: str) -> Grant | None:
     ).first()
 
 
-def read_locked(session: Session, client_id: str) -> Client | None:
-    """The client's row as committed now, held against a concurrent revocation
-    until this transaction ends (``FOR SHARE`` on Postgres; SQLite's write
-    transactions are serial)."""
-    return session.get(Client, client_id, with_for_update={"read": True}, populate_existing=True)
+def read_current(session: Session, client_id: str) -> Client | None:
+    """The client's row as committed now, not as this session last saw it."""
+    return session.get(Client, client_id, populate_existing=True)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from label_party.audit import service as audit
 from label_party.auth import Principal, hash_token
 from label_party.clients import repository
+from label_party.db import lock_client
 from label_party.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from label_party.models import Client, Dataset, Grant
 from shared.timestamps import utcnow
@@ -38,6 +39,7 @@ def _locked(session: Session, client_id: str) -> Client | None:
 
 
 def revoke(session: Session, principal: Principal, client_id: str) -> Client:
+    lock_client(session, client_id, revoking=True)  # after the writes holding it, before new ones
     client = _locked(session, client_id)
     if client is None:
         raise NotFoundError(f"client {client_id} not found")

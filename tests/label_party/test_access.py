@@ -5,13 +5,16 @@ their own releases, auditors read budgets and audit only, nobody reads raw label
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from label_party.auth import Principal
+from label_party.auth import Principal, confirm
 from label_party.db import connect, transaction
 from label_party.example_priors import service as priors
 from label_party.exceptions import UnauthorizedError
@@ -252,6 +255,51 @@ def test_a_client_revoked_while_its_request_runs_writes_nothing(server: Server) 
     assert admin.get(f"/v1/datasets/{ds}/audit").json()["entries"] == audit
     assert admin.get(f"/v1/datasets/{ds}/partitions").status_code == 404
     assert admin.get(f"/v1/datasets/{ds}/trainings").json() == []
+
+
+def test_a_revocation_is_not_held_off_by_the_client_s_new_requests(server: Server) -> None:
+    """On Postgres each new write's FOR SHARE of the client's row went ahead of a
+    waiting revocation's FOR UPDATE: a client that kept sending was not revoked
+    until it stopped, and its requests after the DELETE spent ε. A revocation now
+    waits only for the writes already holding the client; a write arriving after
+    it waits for it, and finds the client revoked."""
+    url = server.settings.resolved_database_url
+    if not url.startswith("postgresql"):
+        pytest.skip("SQLite's writers are serial: there is no queue to jump")
+    admin = server.client()
+    client_id, _ = create_client(admin)
+    principal = Principal(client_id, "client")  # as its requests were authenticated
+    db = connect(url)
+
+    def write() -> None:
+        with transaction(db.writer) as session:
+            confirm(session, principal)
+
+    def waiting_locks() -> int:
+        with transaction(db.reader) as session:
+            query = ("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                     "WHERE NOT l.granted AND a.datname = current_database()")  # fmt: skip
+            return int(session.execute(text(query)).scalar_one())
+
+    holding = db.writer()
+    try:
+        confirm(holding, principal)  # a write of the client's, under way
+        with ThreadPoolExecutor(2) as pool:
+            revoked = pool.submit(admin.delete, f"/v1/clients/{client_id}")
+            deadline = time.monotonic() + 20
+            while waiting_locks() < 1:
+                assert time.monotonic() < deadline, "the revocation never waited"
+                time.sleep(0.05)
+            later = pool.submit(write)  # a new request, after the DELETE
+            time.sleep(0.5)
+            assert not later.done() and not revoked.done()
+            holding.commit()
+            assert revoked.result(timeout=20).status_code == 200
+            with pytest.raises(UnauthorizedError):
+                later.result(timeout=20)
+    finally:
+        holding.close()
+        db.dispose()
 
 
 def test_no_endpoint_serves_raw_labels(server: Server) -> None:
