@@ -22,6 +22,7 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from decimal import ROUND_FLOOR, Decimal, localcontext
 from functools import cached_property
 from typing import Any, Literal, get_args
 
@@ -30,6 +31,7 @@ from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
 
 Loss = Literal["squared", "absolute", "poisson", "zero-one"]
 LOSSES: tuple[str, ...] = get_args(Loss)
@@ -87,6 +89,36 @@ def secure_generator() -> np.random.Generator:
     Release code must use this; only tests pass their own generator.
     """
     return np.random.default_rng(secrets.randbits(128))
+
+
+#: A mechanism's coins are integers below 2⁵³: a probability is realized as a whole
+#: number of 2⁻⁵³ quanta, never as a float comparison with rounding in between.
+COIN_QUANTA = 1 << 53
+#: Past this ε, ``e^{−ε}`` underflows; a coin is built at this ε (more private).
+COIN_MAX_EPSILON = 700.0
+
+
+def flip_probability(others: int | IntArray, epsilon: float) -> FloatArray:
+    """The chance that randomized response over ``others + 1`` outcomes does not keep
+    the label, ``others·e^{−ε} / (1 + others·e^{−ε})``, computed without cancellation."""
+    delta = math.exp(-min(check_epsilon(epsilon), COIN_MAX_EPSILON))
+    n = np.asarray(others, dtype=np.float64)
+    result: FloatArray = n * delta / (1.0 + n * delta)
+    return result
+
+
+def flip_coins(rng: np.random.Generator, probability: float | FloatArray, size: int) -> BoolArray:
+    """``size`` coins, True with ``probability`` rounded up to a whole number of
+    2⁻⁵³ quanta (one quantum at least when it is positive).
+
+    The rare side of a DP coin, the flip that hides the label, must never be rarer
+    than its law: a float coin ``u < keep`` realized ``keep = 1/(1 + e^{−40})`` as
+    1.0, so that no label was ever flipped and the ratio of the released law was
+    infinite. Rounded up, the flip moves the law toward chance, within its e^ε."""
+    threshold = np.ceil(np.asarray(probability, dtype=np.float64) * COIN_QUANTA).astype(np.int64)
+    draws = rng.integers(0, COIN_QUANTA, size=size, dtype=np.int64)
+    coins: BoolArray = draws < threshold
+    return coins
 
 
 def check_epsilon(epsilon: float) -> float:
@@ -201,6 +233,62 @@ class Mechanism(ABC):
 DESCRIBED_MATRIX_MAX_ENTRIES = 250_000
 
 
+#: A finite mechanism draws integers below 2⁶²: its law is an integer table over them.
+TABLE_QUANTA = 1 << 62
+#: Uniform mass mixed into each entry of a sampled matrix: the first tried, doubled
+#: up to the last until the table passes the exact ε check.
+MIXING_FIRST, MIXING_LAST = 2.0**-50, 2.0**-30
+
+
+def sampling_table(matrix: FloatArray, epsilon: float) -> IntArray:
+    """Integer counts ``C``, rows summing to 2⁶², whose law ``C/2⁶²`` the sampler
+    realizes exactly, each column within ``e^ε`` (checked exactly).
+
+    ``M`` itself does not quantize within ε: an LP leaves columns of 10⁻¹⁵, whole
+    numbers of draws whose ratio is not M's (at ε = 2 one came out 7.97, not
+    e² = 7.39), and at ε ≳ 37 an entry e^{−ε} is no draw at all, an output no
+    draw reaches from some label. Mixing in γ per entry, ``(1 − mγ)M + γ`` — a
+    convex combination with a law that ignores the label, so no less private —
+    lifts every entry to 2¹² quanta at least and pulls each column strictly inside
+    e^ε. The smallest γ from 2⁻⁵⁰ that passes is used: it moves an entry by under
+    10⁻⁹, and the mechanism's analysis (loss, bias) stays that of ``M``."""
+    m = matrix.shape[1]
+    gamma = MIXING_FIRST
+    while gamma <= MIXING_LAST and m * gamma < 1e-3:
+        counts = _quantized((1.0 - m * gamma) * matrix + gamma)
+        if _within(counts, epsilon):
+            return counts
+        gamma *= 2
+    raise MechanismError("the mechanism's matrix cannot be sampled within its ε")
+
+
+def _bucket_bits(m: int) -> int:
+    """log₂ of a finite sampler's guide buckets per row: a power of two ≥ m."""
+    return max(1, (m - 1).bit_length())
+
+
+def _quantized(law: FloatArray) -> IntArray:
+    """``law`` in whole quanta of 2⁻⁶², each row summing to 2⁶² exactly (its
+    rounding remainder, under m quanta, goes to its largest entry)."""
+    counts = np.floor(law * TABLE_QUANTA).astype(np.int64)
+    rest = TABLE_QUANTA - counts.sum(axis=1)
+    counts[np.arange(law.shape[0]), law.argmax(axis=1)] += rest
+    return counts
+
+
+def _within(counts: IntArray, epsilon: float) -> bool:
+    """Whether each column's largest count is at most e^ε times its smallest, in
+    integers against a lower bound of ``e^min(ε, 40)·2⁶⁴`` (no table of mixed
+    entries has a ratio near e⁴⁰: 2⁶²/2¹² = 2⁵⁰)."""
+    with localcontext() as context:
+        context.prec = 50
+        exact = Decimal(min(epsilon, 40.0)).exp() * (1 << 64)
+    bound = int(exact.to_integral_value(rounding=ROUND_FLOOR)) - 1
+    high = counts.max(axis=0).astype(object) * (1 << 64)
+    low = counts.min(axis=0).astype(object) * bound
+    return bool(np.all(high <= low))
+
+
 @dataclass(frozen=True, eq=False)
 class FiniteMechanism(Mechanism):
     """A mechanism given by its transition matrix.
@@ -292,22 +380,25 @@ class FiniteMechanism(Mechanism):
         return step if np.allclose(gaps, step, rtol=1e-12, atol=0.0) else None
 
     @cached_property
-    def _sampling_tables(self) -> tuple[FloatArray, IntArray]:
-        """Row CDFs (flattened) and a guide table for indexed inverse-CDF search.
+    def _sampling_tables(self) -> tuple[IntArray, IntArray]:
+        """Row-offset cumulative counts of :func:`sampling_table` (flattened) and a
+        guide table for indexed inverse-CDF search.
 
-        ``guide[r, g]`` is the first column whose CDF exceeds g/m, so a draw u
-        starts its search at ``guide[r, ⌊u·m⌋]`` and moves right about one step on
-        average (Chen & Asau's guide-table method): O(1) per label, exact.
+        ``guide[r, g]`` is the first column whose cumulative count exceeds ``g·2^s``
+        (``2^{62−s}`` buckets, at least m), so a draw u starts its search at
+        ``guide[r, u >> s]`` and moves right about one step on average (Chen &
+        Asau's guide-table method): O(1) per label, exact.
         """
-        k, m = self.matrix.shape
-        cdf = np.cumsum(self.matrix, axis=1)
-        cdf[:, -1] = 1.0
-        marks = np.arange(m) / m
-        guide = np.empty((k, m), dtype=np.int64)
-        for r in range(k):  # k searches of m marks each: table set-up only.
-            guide[r] = np.searchsorted(cdf[r], marks, side="right")
+        counts = sampling_table(self.matrix, self.epsilon)
+        k, m = counts.shape
+        cumulative = np.cumsum(counts, axis=1)
+        buckets = 1 << _bucket_bits(m)
+        marks = np.arange(buckets, dtype=np.int64) << (62 - _bucket_bits(m))
+        guide = np.empty((k, buckets), dtype=np.int64)
+        for r in range(k):  # k searches of the marks each: table set-up only.
+            guide[r] = np.searchsorted(cumulative[r], marks, side="right")
         np.minimum(guide, m - 1, out=guide)
-        return cdf.ravel(), guide.ravel()
+        return cumulative.ravel(), guide.ravel()
 
     def sample_indices(
         self,
@@ -316,21 +407,23 @@ class FiniteMechanism(Mechanism):
         rng: np.random.Generator | None = None,
         chunk_size: int = DEFAULT_CHUNK,
     ) -> IntArray:
-        """Output column for each input row index, in chunks of ``chunk_size``."""
+        """Output column for each input row index, in chunks of ``chunk_size``: the
+        first whose cumulative count exceeds a uniform integer draw below 2⁶²."""
         rng = rng or secure_generator()
         rows = np.asarray(rows, dtype=np.int64)
-        cdf, guide = self._sampling_tables
+        cumulative, guide = self._sampling_tables
         m = self.outputs.size
+        bits = _bucket_bits(m)
         out = np.empty(rows.size, dtype=np.int64)
         for start in range(0, rows.size, chunk_size):
             r = rows[start : start + chunk_size]
-            u = rng.random(r.size)
+            u = rng.integers(0, TABLE_QUANTA, size=r.size, dtype=np.int64)
             base = r * m
-            col = guide[base + np.minimum((u * m).astype(np.int64), m - 1)]
-            active = np.flatnonzero(cdf[base + col] <= u)
+            col = guide[(r << bits) + (u >> (62 - bits))]
+            active = np.flatnonzero(cumulative[base + col] <= u)
             while active.size:
                 col[active] += 1
-                active = active[cdf[base[active] + col[active]] <= u[active]]
+                active = active[cumulative[base[active] + col[active]] <= u[active]]
             out[start : start + r.size] = col
         return out
 

@@ -48,6 +48,8 @@ from label_party.mechanisms.base import (
     MechanismError,
     check_epsilon,
     check_params,
+    flip_coins,
+    flip_probability,
     pointwise_loss,
     secure_generator,
     validate_prior,
@@ -249,15 +251,14 @@ def rr_sample(
     label substitution; spends ε on each example.
     """
     k = _check_num_classes(num_classes)
-    delta = math.exp(-check_epsilon(epsilon))
-    keep_prob = 1.0 / (1.0 + (k - 1) * delta)
+    flip = flip_probability(k - 1, epsilon)
     rng = rng if rng is not None else secure_generator()
     y_all = _check_labels(labels, k)
     block = _block_rows(chunk_size, 1)  # O(1) work a label whatever K: no K-wide rows
     out = np.empty(y_all.size, dtype=np.int64)
     for start in range(0, y_all.size, block):
         y = y_all[start : start + block]
-        keep = rng.random(y.size) < keep_prob
+        keep = ~flip_coins(rng, flip, y.size)
         other = rng.integers(0, k - 1, size=y.size, dtype=np.int64)
         other += other >= y
         out[start : start + y.size] = np.where(keep, y, other)
@@ -408,11 +409,12 @@ class RRTopK(Mechanism):
         rng = rng if rng is not None else secure_generator()
         y_all = _check_labels(np.asarray(labels), self.num_classes)
         top, position, k = np.asarray(self.top, dtype=np.int64), self._position(), len(self.top)
+        flip = flip_probability(k - 1, self.epsilon)
         out = np.empty(y_all.size, dtype=np.float64)
         block = _block_rows(chunk_size, 1)
         for start in range(0, y_all.size, block):
             pos = position[y_all[start : start + block]]
-            keep = (pos >= 0) & (rng.random(pos.size) < self.keep_probability)
+            keep = (pos >= 0) & ~flip_coins(rng, flip, pos.size)
             # Another member of Y_k: uniform over Y_k minus the label's own (if in it).
             draw = rng.integers(0, max(k - 1, 1), size=pos.size)  # k = 1: always kept
             draw += (pos >= 0) & (draw >= pos)
@@ -528,8 +530,7 @@ def rr_with_prior_sample(
         for j in range(1, num):
             rank[order_t[j] == y] = j
         in_top = rank < k
-        keep = rng.random(m) < 1.0 / (1.0 + (k - 1) * delta)
-        keep &= in_top
+        keep = ~flip_coins(rng, flip_probability(k - 1, eps), m) & in_top
         # y ∈ Y_k, not kept: uniform over the k−1 other positions (skip y's own);
         # y ∉ Y_k: uniform over the k positions of Y_k.
         high = np.where(in_top, np.maximum(k - 1, 1), k)

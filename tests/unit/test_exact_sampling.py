@@ -1,0 +1,121 @@
+"""The law a sampler realizes, not the matrix it was built from, is what must be
+ε-DP. Float draws realized every probability as a whole number of 2⁻⁵³ quanta:
+an LP column of 10⁻¹⁵ came out with ratio 7.97 > e² at ε = 2, and at ε ≳ 37 an
+e^{−ε} rounded to no draw at all (an output no label could reach, a label never
+flipped). Each test reads the realized law exactly, in integers."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, localcontext
+from typing import Any
+
+import numpy as np
+import pytest
+
+from label_party.mechanisms.base import (
+    COIN_QUANTA,
+    TABLE_QUANTA,
+    FiniteMechanism,
+    flip_probability,
+)
+from label_party.mechanisms.classification import RRTopK, rr_sample, rr_with_prior_sample
+from label_party.mechanisms.registry import fit
+
+
+def _within(high: int, low: int, epsilon: float) -> bool:
+    """high ≤ e^ε·low, decided in 60-digit decimals."""
+    with localcontext() as context:
+        context.prec = 60
+        return Decimal(high) <= Decimal(epsilon).exp() * Decimal(low)
+
+
+def _realized(mechanism: FiniteMechanism) -> np.ndarray:
+    """The sampler's law in quanta: each row's draws per output column."""
+    cumulative, _ = mechanism._sampling_tables
+    table = cumulative.reshape(mechanism.inputs.size, mechanism.outputs.size)
+    return np.diff(table, axis=1, prepend=0)
+
+
+class _Draws:
+    """A generator whose integer draws are given (the sampler's only randomness)."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.values = values
+
+    def integers(self, low: Any, high: Any, size: Any = None, dtype: Any = None) -> np.ndarray:
+        shape = np.shape(high) if size is None else size  # numpy's: high's shape
+        return np.resize(np.asarray(self.values, dtype=np.int64), shape)
+
+
+def _reviewer_case() -> tuple[np.ndarray, np.ndarray, float]:
+    """The 54th draw of a random sweep over grids, priors and ε (k = 41, ε = 2),
+    whose unbiased LP leaves a column of entries between 4·10⁻¹⁵ and 3·10⁻¹⁴."""
+    rng = np.random.default_rng(1)
+    for _ in range(54):
+        k = int(rng.choice([7, 15, 41]))
+        if rng.random() < 0.5:
+            values = np.sort(np.concatenate([[0.0], np.cumsum(rng.exponential(1, k - 1))]))
+        else:
+            values = np.linspace(0, 10, k)
+        kind = int(rng.integers(4))
+        prior = {0: np.full(k, 1 / k), 1: rng.dirichlet(np.ones(k)),
+                 2: rng.dirichlet(np.full(k, 0.05)), 3: None}[kind]  # fmt: skip
+        if prior is None:
+            prior = np.zeros(k)
+            prior[rng.integers(k)] = 1
+        epsilon = float(rng.choice([0.5, 1, 2, 3, 5, 7, 10]))
+    return values, prior, epsilon
+
+
+def test_an_lp_column_of_negligible_mass_is_sampled_within_epsilon() -> None:
+    values, prior, epsilon = _reviewer_case()
+    mechanism = fit("unbiased", epsilon=epsilon, values=values, prior=prior)
+    assert isinstance(mechanism, FiniteMechanism)
+    tiny = int(np.argmin(mechanism.matrix.min(axis=0)))
+    assert (values.size, epsilon) == (41, 2.0) and mechanism.matrix[:, tiny].max() < 1e-13
+    law = _realized(mechanism)
+    assert np.all(law.sum(axis=1) == TABLE_QUANTA) and np.all(law > 0)
+    for column in law.T:
+        assert _within(int(column.max()), int(column.min()), epsilon)
+    # The sampler draws exactly that table: the tiny column's first and last draw.
+    cumulative = np.cumsum(law, axis=1)
+    assert tiny > 0
+    for row in (0, values.size - 1):
+        first, last = int(cumulative[row, tiny - 1]), int(cumulative[row, tiny]) - 1
+        drawn = mechanism.sample_indices(np.full(3, row), rng=_Draws([first, last, first - 1]))
+        assert drawn.tolist() == [tiny, tiny, tiny - 1]
+    # And it moved the law by a negligible amount.
+    assert np.abs(law / TABLE_QUANTA - mechanism.matrix).max() < 1e-9
+
+
+@pytest.mark.parametrize("epsilon", [38.0, 800.0])
+def test_rr_on_bins_past_float_precision_reaches_every_output(epsilon: float) -> None:
+    mechanism = fit("rr-on-bins", epsilon=epsilon, values=np.linspace(0, 10, 11),
+                    prior=np.full(11, 1 / 11))  # fmt: skip
+    assert isinstance(mechanism, FiniteMechanism)
+    law = _realized(mechanism)
+    assert np.all(law > 0)  # no output unreachable from a label
+    for column in law.T:
+        assert _within(int(column.max()), int(column.min()), epsilon)
+
+
+@pytest.mark.parametrize("epsilon", [37.5, 40.0, 800.0])
+def test_randomized_response_flips_at_any_epsilon(epsilon: float) -> None:
+    """The flip is rounded up to whole quanta: at least one of the 2⁵³ draws flips,
+    and the realized keep/flip ratio stays within e^ε."""
+    for others in (1, 9):
+        flips = math.ceil(float(flip_probability(others, epsilon)) * COIN_QUANTA)
+        assert flips >= 1
+        assert _within((COIN_QUANTA - flips) * others, flips, epsilon)
+    first_draw = _Draws([0])  # the smallest draw: a flip
+    assert (
+        rr_sample(np.zeros(4, dtype=np.int64), 2, epsilon=epsilon, rng=first_draw).tolist()
+        == [1] * 4
+    )
+    top = RRTopK(epsilon=epsilon, num_classes=3, top=(0, 1), k_star=2)
+    assert top.sample(np.zeros(4), rng=first_draw).tolist() == [1.0] * 4
+    priors = np.tile([0.5, 0.5, 0.0], (4, 1))
+    drawn = rr_with_prior_sample(np.zeros(4, dtype=np.int64), priors, epsilon=epsilon,
+                                 rng=first_draw)  # fmt: skip
+    assert drawn.tolist() == [1] * 4
