@@ -99,6 +99,14 @@ __all__ = [
     "staircase_from_request",
 ]
 
+#: The most ε an additive mechanism is built with; asked for more, it runs at this
+#: (more private than charged, and no different in use). Past it their rarest coins
+#: fall toward the 2⁻⁵³ and 2⁻⁶⁴ quanta they are drawn in: near ε = 40 a discrete
+#: staircase's low step rounded to no draw and a discrete Laplace's nonzero noise
+#: to none, so that some output was unreachable from some label (an infinite
+#: ratio). At ε = 25 the rarest, e^{−25} ≈ 1.4·10⁻¹¹, is 10⁵ quanta of 2⁻⁵³.
+ADDITIVE_MAX_EPSILON = 25.0
+
 #: Largest Δ for which a discrete clipped mechanism is turned into a matrix.
 MAX_MATRIX_SIDE = 5_000
 
@@ -892,7 +900,7 @@ def _finite_noise(lo: float, hi: float, eps: float) -> None:
 def _common(
     request: FitRequest, allowed: set[str], mechanism: str
 ) -> tuple[float, float, float, bool, bool]:
-    eps = check_epsilon(request.epsilon)
+    eps = min(check_epsilon(request.epsilon), ADDITIVE_MAX_EPSILON)
     params = request.params
     check_params(params, allowed, mechanism)
     lo, hi = _bounds(request)
@@ -980,7 +988,7 @@ def exponential_from_request(request: FitRequest) -> Mechanism:
     No params (the output is always inside the domain). Appendix F of
     ``rr-on-bins-regression.txt``.
     """
-    eps = check_epsilon(request.epsilon)
+    eps = min(check_epsilon(request.epsilon), ADDITIVE_MAX_EPSILON)
     check_params(request.params, set(), "exponential")
     lo, hi = _bounds(request)
     _finite_noise(lo, hi, eps)

@@ -119,3 +119,27 @@ def test_randomized_response_flips_at_any_epsilon(epsilon: float) -> None:
     drawn = rr_with_prior_sample(np.zeros(4, dtype=np.int64), priors, epsilon=epsilon,
                                  rng=first_draw)  # fmt: skip
     assert drawn.tolist() == [1] * 4
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [("staircase", {"discrete": True, "r": 3}), ("laplace", {"discrete": True}),
+     ("staircase", {}), ("laplace", {}), ("exponential", {})],
+)  # fmt: skip
+def test_an_additive_mechanism_past_its_ceiling_runs_at_it(
+    name: str, params: dict[str, Any]
+) -> None:
+    """Near ε = 40 a discrete staircase's low step and a discrete Laplace's nonzero
+    noise rounded to no draw (some output unreachable from some label); past
+    ``ADDITIVE_MAX_EPSILON`` they run at it, more private than charged."""
+    from label_party.mechanisms.additive import ADDITIVE_MAX_EPSILON
+
+    values = np.arange(11.0)
+    mechanism = fit(name, epsilon=40.0, values=values, prior=np.full(11, 1 / 11),
+                    domain=(0.0, 10.0), params=params)  # fmt: skip
+    assert mechanism.epsilon == ADDITIVE_MAX_EPSILON
+    # The rarest coin at the ceiling, e^{−25}, is far above the 2⁻⁵³ quantum.
+    assert math.exp(-ADDITIVE_MAX_EPSILON) * COIN_QUANTA > 1e5
+    low = fit(name, epsilon=3.0, values=values, prior=np.full(11, 1 / 11),
+              domain=(0.0, 10.0), params=params)  # fmt: skip
+    assert low.epsilon == 3.0  # below the ceiling, as asked
