@@ -111,6 +111,13 @@ def upstream_error(
 
 LABELS_PARTY_STORAGE = "labels_party_storage_unavailable"
 
+#: Final answers of the labels party to a release request (refused, or charged and
+#: failed), as this service passes them on: a key made for the request ends with
+#: them. Its key outlives only an outcome the caller cannot know (no answer, a 5xx)
+#: and a release made but not yet stored here.
+ANSWERED = frozenset({"budget_exceeded", "labels_party_refused", "release_failed",
+                      LABELS_PARTY_STORAGE})  # fmt: skip
+
 
 def _integrity(message: str, release_id: str) -> UpstreamError:
     return UpstreamError(message, code="release_integrity_error", detail={"release_id": release_id})
@@ -344,7 +351,13 @@ def receive(
         ) as client:
             if request.release is not None:
                 _check_room(settings, client, request.dataset_id, tmp)
-            manifest = _fetch(client, request, tmp)
+            try:
+                manifest = _fetch(client, request, tmp)
+            except FeaturePartyError as exc:
+                if exc.code in ANSWERED:  # the caller has the answer; a new request is new
+                    _forget(session, pending)
+                    session.commit()
+                raise
         known = _known(session, feature_set.id, request, manifest.id)
         if known is not None:  # a retry: no join to count again
             _forget(session, pending)

@@ -81,3 +81,15 @@ def test_a_keyless_release_retried_after_a_crash_is_not_paid_twice(tmp_path: Pat
             assert r.status_code == 201, r.text
             assert fake.releases[r.json()["release_id"]].idempotency_key == kept
             assert _pending(data_dir) == []
+            # A final answer ends the key: a failure charged at the labels party (the
+            # answer names the key to replay it), or a refusal. The same request
+            # again is a new one, not that answer forever.
+            fake.mechanism_fails = True
+            r = http.post("/v1/received-labels", headers=AUTH, json=body)
+            assert r.json()["error"] == "release_failed" and _pending(data_dir) == []
+            fake.mechanism_fails = False
+            r = http.post("/v1/received-labels", headers=AUTH, json=body)
+            assert r.status_code == 201, r.text
+            fake.budget = fake.spent
+            r = http.post("/v1/received-labels", headers=AUTH, json=body)
+            assert r.json()["error"] == "budget_exceeded" and _pending(data_dir) == []
