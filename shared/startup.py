@@ -10,6 +10,7 @@ database password may be in it.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import uuid
@@ -138,7 +139,15 @@ def serve(app: Any, host: str, port: int, **options: Any) -> None:
                             **options)  # fmt: skip
     server = uvicorn.Server(config)
     with _listening(host, port) as sock:
-        server.run(sockets=[sock])
+        # uvicorn names the address only when it binds the socket itself.
+        shown = f"[{host}]" if ":" in host else host
+        logging.getLogger("uvicorn.error").info(f"listening on http://{shown}:{port}")
+        try:
+            server.run(sockets=[sock])
+        except SystemExit as exc:  # uvicorn's exit status 3: the app did not start
+            raise StartupError(
+                "the service stopped while starting: the log above says why"
+            ) from exc
     if not server.started:
         raise StartupError("the service stopped while starting: the log above says why")
 

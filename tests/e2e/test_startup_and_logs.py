@@ -119,6 +119,8 @@ def test_a_second_labels_party_server_on_one_data_dir_refuses_to_start(tmp_path:
     first.start()
     try:
         first.wait_healthy()
+        # It says where it listens (uvicorn does not, given a socket bound before it).
+        assert f"listening on http://127.0.0.1:{first.port}" in first.log_path.read_text()
         fresh = tmp_path / "second.sqlite3"  # it must not migrate before it checks
         second = _start(tmp_path, ["label-party", "serve", "--port", str(free_port())],
                         {"LABELDP_DATA_DIR": str(data),
