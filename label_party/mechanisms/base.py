@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, Decimal, localcontext
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -94,31 +94,43 @@ def secure_generator() -> np.random.Generator:
 #: A mechanism's coins are integers below 2⁵³: a probability is realized as a whole
 #: number of 2⁻⁵³ quanta, never as a float comparison with rounding in between.
 COIN_QUANTA = 1 << 53
-#: Past this ε, ``e^{−ε}`` underflows; a coin is built at this ε (more private).
-COIN_MAX_EPSILON = 700.0
 
 
-def flip_probability(others: int | IntArray, epsilon: float) -> FloatArray:
-    """The chance that randomized response over ``others + 1`` outcomes does not keep
-    the label, ``others·e^{−ε} / (1 + others·e^{−ε})``, computed without cancellation."""
-    delta = math.exp(-min(check_epsilon(epsilon), COIN_MAX_EPSILON))
-    n = np.asarray(others, dtype=np.float64)
-    result: FloatArray = n * delta / (1.0 + n * delta)
-    return result
+@lru_cache(maxsize=4096)
+def rare_draws(rare: int, common: int, epsilon: float) -> int:
+    """How many of the 2⁵³ draws of a coin go to its rare side: ``rare`` outcomes of
+    weight 1 against ``common`` of weight e^ε (randomized response: the label kept
+    against its ``rare`` others; a staircase's high step against its low one).
+
+    The least count whose realized law is within e^ε, decided in integers against
+    :func:`exp_lower_bound`: at least the exact ``rare/(rare + e^ε·common)``, never a
+    float of it rounded (a float coin realized ``1/(1 + e^{−40})`` as 1.0, no flip at
+    all; even ⌈fl(p)·2⁵³⌉ fell a quantum short of p at ε = 0.1). Rounded up, the
+    rare side moves the law toward chance."""
+    bound = exp_lower_bound(epsilon)
+    numerator = COIN_QUANTA * rare * (1 << 64)
+    return -(-numerator // (rare * (1 << 64) + bound * common))
 
 
-def flip_coins(rng: np.random.Generator, probability: float | FloatArray, size: int) -> BoolArray:
-    """``size`` coins, True with ``probability`` rounded up to a whole number of
-    2⁻⁵³ quanta (one quantum at least when it is positive).
-
-    The rare side of a DP coin, the flip that hides the label, must never be rarer
-    than its law: a float coin ``u < keep`` realized ``keep = 1/(1 + e^{−40})`` as
-    1.0, so that no label was ever flipped and the ratio of the released law was
-    infinite. Rounded up, the flip moves the law toward chance, within its e^ε."""
-    threshold = np.ceil(np.asarray(probability, dtype=np.float64) * COIN_QUANTA).astype(np.int64)
-    draws = rng.integers(0, COIN_QUANTA, size=size, dtype=np.int64)
-    coins: BoolArray = draws < threshold
+def flip_coins(rng: np.random.Generator, draws: int | IntArray, size: int) -> BoolArray:
+    """``size`` coins, True for the rare side: a uniform integer below 2⁵³ under
+    ``draws`` (:func:`rare_draws`; one count, or one a coin)."""
+    coins: BoolArray = rng.integers(0, COIN_QUANTA, size=size, dtype=np.int64) < draws
     return coins
+
+
+def exp_lower_bound(epsilon: float) -> int:
+    """An integer at most ``e^min(ε, 40)·2⁶⁴``: e^ε from below, exactly (a 50-digit
+    exponential, floored, less one). Past 40 no coin or table here comes near it."""
+    return _exp_lower_bound(min(float(epsilon), 40.0))
+
+
+@lru_cache(maxsize=4096)
+def _exp_lower_bound(epsilon: float) -> int:
+    with localcontext() as context:
+        context.prec = 50
+        exact = Decimal(epsilon).exp() * (1 << 64)
+    return int(exact.to_integral_value(rounding=ROUND_FLOOR)) - 1
 
 
 def check_epsilon(epsilon: float) -> float:
@@ -236,8 +248,9 @@ DESCRIBED_MATRIX_MAX_ENTRIES = 250_000
 #: A finite mechanism draws integers below 2⁶²: its law is an integer table over them.
 TABLE_QUANTA = 1 << 62
 #: Uniform mass mixed into each entry of a sampled matrix: the first tried, doubled
-#: up to the last until the table passes the exact ε check.
-MIXING_FIRST, MIXING_LAST = 2.0**-50, 2.0**-30
+#: until the table passes the exact ε check, while the mixed-in mass stays below
+#: ``MIXING_MOST`` (at a tiny ε the check's slack, γ(e^ε − 1)·2⁶², needs a larger γ).
+MIXING_FIRST, MIXING_MOST = 2.0**-50, 1e-3
 
 
 def sampling_table(matrix: FloatArray, epsilon: float) -> IntArray:
@@ -250,11 +263,11 @@ def sampling_table(matrix: FloatArray, epsilon: float) -> IntArray:
     draw reaches from some label. Mixing in γ per entry, ``(1 − mγ)M + γ`` — a
     convex combination with a law that ignores the label, so no less private —
     lifts every entry to 2¹² quanta at least and pulls each column strictly inside
-    e^ε. The smallest γ from 2⁻⁵⁰ that passes is used: it moves an entry by under
-    10⁻⁹, and the mechanism's analysis (loss, bias) stays that of ``M``."""
+    e^ε. The smallest γ from 2⁻⁵⁰ that passes is used: at ε ≥ 0.1 it moves an entry
+    by under 10⁻¹², and the mechanism's analysis (loss, bias) stays that of ``M``."""
     m = matrix.shape[1]
     gamma = MIXING_FIRST
-    while gamma <= MIXING_LAST and m * gamma < 1e-3:
+    while m * gamma < MIXING_MOST:
         counts = _quantized((1.0 - m * gamma) * matrix + gamma)
         if _within(counts, epsilon):
             return counts
@@ -278,12 +291,9 @@ def _quantized(law: FloatArray) -> IntArray:
 
 def _within(counts: IntArray, epsilon: float) -> bool:
     """Whether each column's largest count is at most e^ε times its smallest, in
-    integers against a lower bound of ``e^min(ε, 40)·2⁶⁴`` (no table of mixed
-    entries has a ratio near e⁴⁰: 2⁶²/2¹² = 2⁵⁰)."""
-    with localcontext() as context:
-        context.prec = 50
-        exact = Decimal(min(epsilon, 40.0)).exp() * (1 << 64)
-    bound = int(exact.to_integral_value(rounding=ROUND_FLOOR)) - 1
+    integers against :func:`exp_lower_bound` (no table of mixed entries has a
+    ratio near e⁴⁰: 2⁶²/2¹² = 2⁵⁰)."""
+    bound = exp_lower_bound(epsilon)
     high = counts.max(axis=0).astype(object) * (1 << 64)
     low = counts.min(axis=0).astype(object) * bound
     return bool(np.all(high <= low))

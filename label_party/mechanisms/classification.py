@@ -49,8 +49,8 @@ from label_party.mechanisms.base import (
     check_epsilon,
     check_params,
     flip_coins,
-    flip_probability,
     pointwise_loss,
+    rare_draws,
     secure_generator,
     validate_prior,
 )
@@ -251,7 +251,7 @@ def rr_sample(
     label substitution; spends ε on each example.
     """
     k = _check_num_classes(num_classes)
-    flip = flip_probability(k - 1, epsilon)
+    flip = rare_draws(k - 1, 1, check_epsilon(epsilon))
     rng = rng if rng is not None else secure_generator()
     y_all = _check_labels(labels, k)
     block = _block_rows(chunk_size, 1)  # O(1) work a label whatever K: no K-wide rows
@@ -409,7 +409,7 @@ class RRTopK(Mechanism):
         rng = rng if rng is not None else secure_generator()
         y_all = _check_labels(np.asarray(labels), self.num_classes)
         top, position, k = np.asarray(self.top, dtype=np.int64), self._position(), len(self.top)
-        flip = flip_probability(k - 1, self.epsilon)
+        flip = rare_draws(k - 1, 1, self.epsilon)
         out = np.empty(y_all.size, dtype=np.float64)
         block = _block_rows(chunk_size, 1)
         for start in range(0, y_all.size, block):
@@ -530,7 +530,9 @@ def rr_with_prior_sample(
         for j in range(1, num):
             rank[order_t[j] == y] = j
         in_top = rank < k
-        keep = ~flip_coins(rng, flip_probability(k - 1, eps), m) & in_top
+        sizes, which = np.unique(k, return_inverse=True)  # k* per example: a few values
+        flips = np.array([rare_draws(int(n) - 1, 1, eps) for n in sizes], dtype=np.int64)
+        keep = ~flip_coins(rng, flips[which.ravel()], m) & in_top
         # y ∈ Y_k, not kept: uniform over the k−1 other positions (skip y's own);
         # y ∉ Y_k: uniform over the k positions of Y_k.
         high = np.where(in_top, np.maximum(k - 1, 1), k)

@@ -17,7 +17,7 @@ from label_party.mechanisms.base import (
     COIN_QUANTA,
     TABLE_QUANTA,
     FiniteMechanism,
-    flip_probability,
+    rare_draws,
 )
 from label_party.mechanisms.classification import RRTopK, rr_sample, rr_with_prior_sample
 from label_party.mechanisms.registry import fit
@@ -105,7 +105,7 @@ def test_randomized_response_flips_at_any_epsilon(epsilon: float) -> None:
     """The flip is rounded up to whole quanta: at least one of the 2⁵³ draws flips,
     and the realized keep/flip ratio stays within e^ε."""
     for others in (1, 9):
-        flips = math.ceil(float(flip_probability(others, epsilon)) * COIN_QUANTA)
+        flips = rare_draws(others, 1, epsilon)
         assert flips >= 1
         assert _within((COIN_QUANTA - flips) * others, flips, epsilon)
     first_draw = _Draws([0])  # the smallest draw: a flip
@@ -143,3 +143,41 @@ def test_an_additive_mechanism_past_its_ceiling_runs_at_it(
     low = fit(name, epsilon=3.0, values=values, prior=np.full(11, 1 / 11),
               domain=(0.0, 10.0), params=params)  # fmt: skip
     assert low.epsilon == 3.0  # below the ceiling, as asked
+
+
+@pytest.mark.parametrize(("others", "epsilon"), [(1, 0.1), (9999, 0.09), (63, 1.7), (2, 12.0)])
+def test_a_coin_s_rare_side_is_counted_in_integers_not_from_a_float(
+    others: int, epsilon: float
+) -> None:
+    """⌈fl(p)·2⁵³⌉ fell short of the exact p when fl(p)·2⁵³ was already a whole
+    number below it (RR at K = 2, ε = 0.1: a ratio 1.1e-16 above e^0.1). The count
+    is the least that keeps the realized law within e^ε, decided exactly."""
+    flips = rare_draws(others, 1, epsilon)
+    assert _within((COIN_QUANTA - flips) * others, flips, epsilon)
+    assert not _within((COIN_QUANTA - flips + 1) * others, flips - 1, epsilon)  # the least
+
+
+def test_a_discrete_staircase_s_low_step_is_never_rarer_than_its_law() -> None:
+    """Its step was a float coin against p_high: the low step rounded down, a
+    high/low ratio above e^ε at every ε (4·10⁻⁵ of it at ε = 25)."""
+    for period, split, epsilon in ((100, 13, 25.0), (65536, 13, 25.0), (10, 3, 1.0)):
+        low = rare_draws(period - split, split, epsilon)
+        high_each, low_each = (COIN_QUANTA - low) * (period - split), low * split
+        assert _within(high_each, low_each, epsilon)  # per position, scaled by s(P − s)
+    mechanism = fit("staircase", epsilon=2.0, values=np.arange(11.0), prior=np.full(11, 1 / 11),
+                    domain=(0.0, 10.0), params={"discrete": True, "r": 3})  # fmt: skip
+    drawn = mechanism.sample(np.full(20_000, 5.0), rng=np.random.default_rng(3))
+    assert np.array_equal(drawn, np.round(drawn))
+
+
+@pytest.mark.parametrize(
+    ("name", "k", "epsilon"), [("debiased-rr", 10, 1e-8), ("unbiased", 3, 1e-6)]
+)
+def test_a_tiny_epsilon_still_samples(name: str, k: int, epsilon: float) -> None:
+    """The check's slack, γ(e^ε − 1)·2⁶², is a few quanta at ε = 10⁻⁸: a mixing
+    capped at 2⁻³⁰ refused mechanisms that sampled before."""
+    mechanism = fit(name, epsilon=epsilon, values=np.arange(float(k)), prior=np.full(k, 1 / k))
+    assert isinstance(mechanism, FiniteMechanism)
+    law = _realized(mechanism)
+    for column in law.T:
+        assert _within(int(column.max()), int(column.min()), epsilon)
