@@ -246,7 +246,8 @@ DESCRIBED_MATRIX_MAX_ENTRIES = 250_000
 
 
 #: A finite mechanism draws integers below 2⁶²: its law is an integer table over them.
-TABLE_QUANTA = 1 << 62
+TABLE_BITS = 62
+TABLE_QUANTA = 1 << TABLE_BITS
 #: Uniform mass mixed into each entry of a sampled matrix: the first tried, doubled
 #: until the table passes the exact ε check, while the mixed-in mass stays below
 #: ``MIXING_MOST`` (at a tiny ε the check's slack, γ(e^ε − 1)·2⁶², needs a larger γ).
@@ -402,9 +403,9 @@ class FiniteMechanism(Mechanism):
         counts = sampling_table(self.matrix, self.epsilon)
         k, m = counts.shape
         cumulative = np.cumsum(counts, axis=1)
-        buckets = 1 << _bucket_bits(m)
-        marks = np.arange(buckets, dtype=np.int64) << (62 - _bucket_bits(m))
-        guide = np.empty((k, buckets), dtype=np.int64)
+        bits = _bucket_bits(m)
+        marks = np.arange(1 << bits, dtype=np.int64) << (TABLE_BITS - bits)
+        guide = np.empty((k, 1 << bits), dtype=np.int64)
         for r in range(k):  # k searches of the marks each: table set-up only.
             guide[r] = np.searchsorted(cumulative[r], marks, side="right")
         np.minimum(guide, m - 1, out=guide)
@@ -429,7 +430,7 @@ class FiniteMechanism(Mechanism):
             r = rows[start : start + chunk_size]
             u = rng.integers(0, TABLE_QUANTA, size=r.size, dtype=np.int64)
             base = r * m
-            col = guide[(r << bits) + (u >> (62 - bits))]
+            col = guide[(r << bits) + (u >> (TABLE_BITS - bits))]
             active = np.flatnonzero(cumulative[base + col] <= u)
             while active.size:
                 col[active] += 1
