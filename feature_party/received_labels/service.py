@@ -175,8 +175,9 @@ def request_fingerprint(request: ReceivedLabelsCreate) -> str:
 
 
 def _forget(session: Session, fingerprint: str | None) -> None:
-    """Drop a key made here once its release is stored: the same request again is a
-    new release, at a new cost, as with a key of the caller's."""
+    """Drop a key made here once its request is settled (its release stored, or a
+    final answer given: :data:`ANSWERED`): the same request again is a new one, at
+    a new cost, as with a key of the caller's."""
     if fingerprint is not None:
         session.execute(
             delete(PendingReleaseKey).where(PendingReleaseKey.fingerprint == fingerprint)
