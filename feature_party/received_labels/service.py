@@ -3,7 +3,8 @@ verify its SHA-256 against the manifest, join with the feature set, store.
 
 Nothing is stored unless every step succeeded: the file is downloaded to a
 temporary path and moved to ``received/<sha256>.parquet`` only after the checks,
-and the row is added in the request's transaction.
+and the row commits after it (with the end of the key this service made for a
+keyless release, which commits before the labels party is asked).
 """
 
 from __future__ import annotations

@@ -296,28 +296,26 @@ class StaircaseNoise:
         discrete case "−0" is rejected and redrawn so that 0 is not counted twice.
         The discrete Laplace (period 1) is one geometric with a fair sign.
         """
-        if self.discrete and self.period == 1.0:
+        if not self.discrete:
+            return self._sample_continuous(n, rng)
+        if self.period == 1.0:
             return two_sided_geometric(self.rate, n, rng)
-        out = self._sample_signed(n, rng)
-        if self.discrete:
-            bad = np.flatnonzero(np.isnan(out))
-            while bad.size:
-                redo = self._sample_signed(bad.size, rng)
-                out[bad] = redo
-                bad = bad[np.isnan(redo)]
+        out = self._sample_discrete(n, rng)
+        bad = np.flatnonzero(np.isnan(out))
+        while bad.size:
+            redo = self._sample_discrete(bad.size, rng)
+            out[bad] = redo
+            bad = bad[np.isnan(redo)]
         return out
 
-    def _sample_signed(self, n: int, rng: np.random.Generator) -> FloatArray:
-        """One geometric and, for a continuous staircase, one uniform per draw;
-        a discrete one draws in integers (:meth:`_sample_discrete`).
+    def _sample_continuous(self, n: int, rng: np.random.Generator) -> FloatArray:
+        """One geometric and one uniform per draw.
 
         The uniform ``u`` gives the sign (``u < ½``); ``v = frac(2u)`` is uniform and
         independent of it, picks the step (``v < p_high``) and, rescaled within
         that branch, is again uniform and independent of the choice: the position
         inside the step.
         """
-        if self.discrete:
-            return self._sample_discrete(n, rng)
         b, P, s = self.decay, self.period, self.split
         g = geometric(self.rate, n, rng)
         low_weight = b * (P - s)
