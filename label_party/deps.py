@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
-from label_party.auth import Principal, authenticate
+from label_party.auth import Principal, Role, authenticate, require
 from label_party.config import Settings
 from label_party.db import Database, transaction
 from label_party.exceptions import InvalidRequestError, UnauthorizedError
@@ -72,6 +72,24 @@ def get_principal(
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def allowed(*roles: Role) -> Callable[[Principal], Principal]:
+    """A dependency: the caller if its role is one of ``roles``, else 403.
+
+    As a dependency it runs before FastAPI validates the JSON body, so a caller
+    whose role may not use a route gets 403 for any body, never a 422 that tells
+    it what the route would accept."""
+
+    def dependency(principal: PrincipalDep) -> Principal:
+        require(principal, *roles)
+        return principal
+
+    return dependency
+
+
+AdminDep = Annotated[Principal, Depends(allowed("admin"))]
+WriterDep = Annotated[Principal, Depends(allowed("admin", "client"))]
 
 
 def known_caller(app: FastAPI) -> Authorizer:

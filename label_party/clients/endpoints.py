@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from label_party.auth import require, visible_dataset
+from label_party.auth import visible_dataset
 from label_party.clients import service
 from label_party.clients.schemas import (
     ClientCreate,
@@ -11,7 +11,7 @@ from label_party.clients.schemas import (
     GrantCreate,
     GrantRead,
 )
-from label_party.deps import PrincipalDep, SessionDep, in_worker_thread
+from label_party.deps import AdminDep, SessionDep, in_worker_thread
 from label_party.exception_handlers import responses
 
 router = APIRouter(tags=["access"])
@@ -24,10 +24,7 @@ router = APIRouter(tags=["access"])
     responses=responses(401, 403, 422),
     summary="Create a client or auditor; its token is returned once (admin)",
 )
-def create_client(
-    body: ClientCreate, session: SessionDep, principal: PrincipalDep
-) -> ClientCreated:
-    require(principal, "admin")
+def create_client(body: ClientCreate, session: SessionDep, principal: AdminDep) -> ClientCreated:
     client, token = service.create(session, principal, name=body.name, role=body.role)
     return ClientCreated(id=client.id, name=client.name, role=client.role, token=token)
 
@@ -38,8 +35,7 @@ def create_client(
     responses=responses(401, 403, 404),
     summary="Revoke a client's token (admin)",
 )
-async def revoke_client(client_id: str, session: SessionDep, principal: PrincipalDep) -> ClientRead:
-    require(principal, "admin")
+async def revoke_client(client_id: str, session: SessionDep, principal: AdminDep) -> ClientRead:
 
     def work() -> ClientRead:
         client = service.revoke(session, principal, client_id)
@@ -56,9 +52,8 @@ async def revoke_client(client_id: str, session: SessionDep, principal: Principa
     summary="Grant a client access to a dataset (admin)",
 )
 async def create_grant(
-    dataset_id: str, body: GrantCreate, session: SessionDep, principal: PrincipalDep
+    dataset_id: str, body: GrantCreate, session: SessionDep, principal: AdminDep
 ) -> GrantRead:
-    require(principal, "admin")
 
     def work() -> GrantRead:
         dataset = visible_dataset(session, principal, dataset_id)

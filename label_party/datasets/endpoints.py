@@ -5,7 +5,7 @@ from fastapi import APIRouter, status
 from label_party.auth import require, visible_dataset
 from label_party.datasets import service
 from label_party.datasets.schemas import DatasetCreate, DatasetRead
-from label_party.deps import PrincipalDep, SessionDep, SettingsDep, in_worker_thread
+from label_party.deps import AdminDep, PrincipalDep, SessionDep, SettingsDep, in_worker_thread
 from label_party.exception_handlers import responses
 from label_party.ledger import service as ledger
 from label_party.ledger.service import BudgetRead
@@ -22,9 +22,8 @@ router = APIRouter(tags=["datasets"])
     summary="Create a dataset: task, declared label domain, ε (and δ) budget (admin)",
 )
 async def create_dataset(
-    body: DatasetCreate, session: SessionDep, settings: SettingsDep, principal: PrincipalDep
+    body: DatasetCreate, session: SessionDep, settings: SettingsDep, principal: AdminDep
 ) -> DatasetRead:
-    require(principal, "admin")
 
     def work() -> DatasetRead:
         dataset = service.create(session, principal, body, max_grid=settings.max_grid_size)

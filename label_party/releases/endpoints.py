@@ -13,6 +13,7 @@ from label_party.deps import (
     PrincipalDep,
     SessionDep,
     SettingsDep,
+    WriterDep,
     in_worker_thread,
     with_idempotency_key,
 )
@@ -53,7 +54,7 @@ async def create_release(
     response: Response,
     session: SessionDep,
     settings: SettingsDep,
-    principal: PrincipalDep,
+    principal: WriterDep,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> ReleaseRead:
     body = with_idempotency_key(body, idempotency_key)

@@ -198,6 +198,29 @@ def test_role_endpoint_matrix(server: Server) -> None:
     assert server.client(revoked_token).get("/v1/datasets").status_code == 401
 
 
+def test_a_forbidden_role_is_refused_before_its_body_is_validated(server: Server) -> None:
+    """403 for any body from a role that may not use the route: a 422 would tell it
+    which fields the route takes and which values it accepts."""
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=10)
+    _client_id, client_token = create_client(admin, "client", "granted")
+    _auditor_id, auditor_token = create_client(admin, "auditor", "auditor")
+    callers = {"client": server.client(client_token), "auditor": server.client(auditor_token)}
+    routes = [  # (path, roles refused)
+        ("/v1/datasets", ("client", "auditor")),
+        ("/v1/clients", ("client", "auditor")),
+        (f"/v1/datasets/{ds}/grants", ("client", "auditor")),
+        (f"/v1/datasets/{ds}/releases", ("auditor",)),
+    ]
+    for path, refused in routes:
+        for role in refused:
+            for body in ({"bogus": 1}, [], {"epsilon": "not a number"}):
+                got = callers[role].post(path, json=body)
+                assert got.status_code == 403, (role, path, body, got.text)
+                assert got.json()["error"] == "forbidden"
+        assert admin.post(path, json={"bogus": 1}).status_code == 422  # still validated
+
+
 def test_a_client_revoked_while_its_request_runs_writes_nothing(server: Server) -> None:
     """A request is authenticated when it arrives; a revocation committed while it
     ran (a slow upload, seconds of planning) stopped nothing: its release or
