@@ -187,7 +187,13 @@ def run_preview(args: argparse.Namespace) -> int:
     )
     if result["selected"] != result["mechanism"]:
         print(f"selected          {result['selected']}: {result['params'].get('reason', '')}")
-    print(f"noisy-label loss  {result['noisy_label_loss']:.6g}")
+    loss = result["noisy_label_loss"]
+    print(
+        f"noisy-label loss  {loss:.6g}"
+        if loss is not None
+        else "noisy-label loss  undefined: an output ≤ 0 is no Poisson rate (these labels "
+        "train a log-link model, whose loss is linear in the label: the bias is what counts)"
+    )
     print(f"max |bias|        {result['max_abs_bias']:.6g}")
     if result["outputs"] is not None:
         outs = result["outputs"]

@@ -43,7 +43,8 @@ def preview(
 ) -> dict[str, Any]:
     """Fit ``mechanism`` and report outputs, matrix, noisy-label loss and bias.
 
-    ``noisy_label_loss`` is E[ℓ(ŷ, y)] with y drawn from ``prior``; ``max_abs_bias``
+    ``noisy_label_loss`` is E[ℓ(ŷ, y)] with y drawn from ``prior`` (``None`` for the
+    Poisson loss of a mechanism with an output ≤ 0, where it is undefined); ``max_abs_bias``
     is max over ``values`` of |E[M(y)] − y|. Continuous mechanisms, and finite ones
     whose matrix has more than ``PREVIEW_MAX_MATRIX_ENTRIES`` entries (``rr`` over
     more than 1000 classes), report ``None`` for ``outputs`` and ``matrix``.
@@ -84,12 +85,17 @@ def preview(
             f"{mechanism}'s loss or bias overflows on these values ({type(exc).__name__}): "
             "narrow their range"
         ) from None
-    if not (math.isfinite(loss_value) and math.isfinite(max_abs_bias)):
+    noisy_label_loss: float | None = loss_value
+    if chosen == "poisson" and loss_value == math.inf and math.isfinite(max_abs_bias):
+        # An output ≤ 0 (an unbiased mechanism's, an additive one's) is no Poisson
+        # rate: E[ℓ(ŷ, y)] is undefined, not an overflow. Such labels train a
+        # log-link model, whose loss is linear in the label, so the bias is what counts.
+        noisy_label_loss = None
+    elif not (math.isfinite(loss_value) and math.isfinite(max_abs_bias)):
         # JSON has no infinity: the answer said null where it promised a number.
         raise MechanismError(
             f"{mechanism}'s expected {chosen} loss or bias is not finite on these values: "
-            "their range overflows floats, or an output lies outside the loss's domain "
-            "(the Poisson loss of an output ≤ 0)"
+            "their range overflows floats"
         )
     return {
         "mechanism": mechanism,
@@ -99,7 +105,7 @@ def preview(
         "loss": chosen,
         "outputs": outputs,
         "matrix": matrix,
-        "noisy_label_loss": loss_value,
+        "noisy_label_loss": noisy_label_loss,
         "max_abs_bias": max_abs_bias,
         "seconds": seconds,
     }

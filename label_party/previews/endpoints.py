@@ -38,7 +38,10 @@ class PreviewRead(BaseModel):
     loss: str
     outputs: list[float] | None
     matrix: list[list[float]] | None
-    noisy_label_loss: float
+    noisy_label_loss: float | None = Field(
+        description="E[ℓ(ŷ, y)] under the prior; null for the Poisson loss of a mechanism "
+        "with an output ≤ 0 (unbiased, additive), where it is undefined"
+    )
     max_abs_bias: float
     seconds: float
 

@@ -380,14 +380,20 @@ def test_a_domain_whose_noise_overflows_a_float_is_refused_free(server: Server) 
     r = admin.post("/v1/mechanisms/preview", json=preview)
     assert r.status_code == 422 and r.json()["error"] == "invalid_mechanism", r.text
     # A loss that numpy took to inf without raising was answered as a null number.
-    for overflowing in (
-        {"mechanism": "rr-on-bins", "epsilon": 1, "values": [0, 1e308], "prior": [0.5, 0.5]},
-        {"mechanism": "laplace", "epsilon": 1, "values": [1, 2], "prior": [0.5, 0.5],
-         "loss": "poisson"},  # Laplace outputs reach ≤ 0: an infinite Poisson loss
-    ):  # fmt: skip
+    for mechanism, top in (("rr-on-bins", 1e308), ("debiased-rr", 1e200)):
+        overflowing = {"mechanism": mechanism, "epsilon": 1, "values": [0, top],
+                       "prior": [0.5, 0.5]}  # fmt: skip
         r = admin.post("/v1/mechanisms/preview", json=overflowing)
         assert r.status_code == 422 and r.json()["error"] == "invalid_mechanism", r.text
     assert "not finite" in r.json()["message"]  # (the first warns here: tests raise warnings)
+    # Outputs ≤ 0 have no Poisson loss: undefined (null), not an overflow, and the
+    # mechanism auto picks for the Poisson loss could not be previewed with it.
+    for mechanism in ("laplace", "auto"):
+        body = {"mechanism": mechanism, "epsilon": 1, "values": [0, 1, 2, 3],
+                "prior": [0.4, 0.3, 0.2, 0.1], "loss": "poisson"}  # fmt: skip
+        r = admin.post("/v1/mechanisms/preview", json=body)
+        assert r.status_code == 200 and r.json()["noisy_label_loss"] is None, r.text
+        assert r.json()["max_abs_bias"] < 1e-9
 
 
 def test_a_domain_whose_kind_is_not_the_task_s_is_refused(server: Server) -> None:

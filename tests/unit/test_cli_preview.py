@@ -73,6 +73,21 @@ def test_the_poisson_loss_previews_counts_that_start_at_zero(
     assert min(out["outputs"]) > 0 and math.isfinite(out["noisy_label_loss"])
 
 
+def test_the_poisson_loss_of_an_output_below_zero_is_undefined_not_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``auto`` picks ``unbiased`` for the Poisson loss, whose outputs reach below
+    zero: its preview failed with "not finite", so auto's choice could not be seen."""
+    argv = ["mechanism", "preview", "--mechanism", "auto", "--epsilon", "1", "--loss", "poisson",
+            "--input", str(EXAMPLE)]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["selected"] == "unbiased" and min(out["outputs"]) < 0
+    assert out["noisy_label_loss"] is None and out["max_abs_bias"] <= 1e-7 * 752
+    assert main(argv) == 0
+    assert "noisy-label loss  undefined: an output ≤ 0" in capsys.readouterr().out
+
+
 def test_unbiased_is_unbiased_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mechanism", "preview", "--mechanism", "unbiased", "--epsilon", "1",
                  "--mesh", "64", "--input", str(EXAMPLE), "--json"]) == 0  # fmt: skip
