@@ -91,29 +91,41 @@ def secure_generator() -> np.random.Generator:
     return np.random.default_rng(secrets.randbits(128))
 
 
-#: A mechanism's coins are integers below 2⁵³: a probability is realized as a whole
-#: number of 2⁻⁵³ quanta, never as a float comparison with rounding in between.
-COIN_QUANTA = 1 << 53
+#: A mechanism's coins are integers below 2⁶²: a probability is realized as a whole
+#: number of 2⁻⁶² quanta, never as a float comparison with rounding in between.
+#: 2⁶², not a float's 2⁵³: at ε = 10⁻¹² (the ledger's unit) and K = 10⁵ classes the
+#: counts that keep both ratios of a coin within e^ε span about 92 quanta of 2⁻⁶²,
+#: and none of 2⁻⁵³ (:func:`rare_draws`).
+COIN_QUANTA = 1 << 62
 
 
 @lru_cache(maxsize=4096)
 def rare_draws(rare: int, common: int, epsilon: float) -> int:
-    """How many of the 2⁵³ draws of a coin go to its rare side: ``rare`` outcomes of
+    """How many of the 2⁶² draws of a coin go to its rare side: ``rare`` outcomes of
     weight 1 against ``common`` of weight e^ε (randomized response: the label kept
     against its ``rare`` others; a staircase's high step against its low one).
 
-    The least count whose realized law is within e^ε, decided in integers against
-    :func:`exp_lower_bound`: at least the exact ``rare/(rare + e^ε·common)``, never a
-    float of it rounded (a float coin realized ``1/(1 + e^{−40})`` as 1.0, no flip at
-    all; even ⌈fl(p)·2⁵³⌉ fell a quantum short of p at ε = 0.1). Rounded up, the
-    rare side moves the law toward chance."""
+    The least count whose realized law is within e^ε both ways, decided in integers
+    against :func:`exp_lower_bound`: at least the exact ``rare/(rare + e^ε·common)``,
+    never a float of it rounded (a float coin realized ``1/(1 + e^{−40})`` as 1.0,
+    no flip at all; even ⌈fl(p)·2⁵³⌉ fell a quantum short of p at ε = 0.1). Rounded
+    up, the rare side moves toward chance, and at a tiny ε past it: a rare outcome
+    (one other class) must stay within e^ε of a common one (the label kept) too.
+    :class:`MechanismError` if no count does (a release's preflight samples once,
+    so that is a free refusal)."""
     bound = exp_lower_bound(epsilon)
     numerator = COIN_QUANTA * rare * (1 << 64)
-    return -(-numerator // (rare * (1 << 64) + bound * common))
+    draws = -(-numerator // (rare * (1 << 64) + bound * common))
+    if draws * common * (1 << 64) > bound * (COIN_QUANTA - draws) * rare:
+        raise MechanismError(
+            f"at ε = {epsilon:g} a coin of {rare} outcomes against {common} cannot be "
+            "realized within e^ε in 2⁶² draws: raise ε"
+        )
+    return draws
 
 
 def flip_coins(rng: np.random.Generator, draws: int | IntArray, size: int) -> BoolArray:
-    """``size`` coins, True for the rare side: a uniform integer below 2⁵³ under
+    """``size`` coins, True for the rare side: a uniform integer below 2⁶² under
     ``draws`` (:func:`rare_draws`; one count, or one a coin)."""
     coins: BoolArray = rng.integers(0, COIN_QUANTA, size=size, dtype=np.int64) < draws
     return coins

@@ -17,6 +17,7 @@ from label_party.mechanisms.base import (
     COIN_QUANTA,
     TABLE_QUANTA,
     FiniteMechanism,
+    MechanismError,
     rare_draws,
 )
 from label_party.mechanisms.classification import RRTopK, rr_sample, rr_with_prior_sample
@@ -102,7 +103,7 @@ def test_rr_on_bins_past_float_precision_reaches_every_output(epsilon: float) ->
 
 @pytest.mark.parametrize("epsilon", [37.5, 40.0, 800.0])
 def test_randomized_response_flips_at_any_epsilon(epsilon: float) -> None:
-    """The flip is rounded up to whole quanta: at least one of the 2⁵³ draws flips,
+    """The flip is rounded up to whole quanta: at least one of the 2⁶² draws flips,
     and the realized keep/flip ratio stays within e^ε."""
     for others in (1, 9):
         flips = rare_draws(others, 1, epsilon)
@@ -138,7 +139,7 @@ def test_an_additive_mechanism_past_its_ceiling_runs_at_it(
     mechanism = fit(name, epsilon=40.0, values=values, prior=np.full(11, 1 / 11),
                     domain=(0.0, 10.0), params=params)  # fmt: skip
     assert mechanism.epsilon == ADDITIVE_MAX_EPSILON
-    # The rarest coin at the ceiling, e^{−25}, is far above the 2⁻⁵³ quantum.
+    # The rarest coin at the ceiling, e^{−25}, is far above the 2⁻⁶² quantum.
     assert math.exp(-ADDITIVE_MAX_EPSILON) * COIN_QUANTA > 1e5
     low = fit(name, epsilon=3.0, values=values, prior=np.full(11, 1 / 11),
               domain=(0.0, 10.0), params=params)  # fmt: skip
@@ -155,6 +156,26 @@ def test_a_coin_s_rare_side_is_counted_in_integers_not_from_a_float(
     flips = rare_draws(others, 1, epsilon)
     assert _within((COIN_QUANTA - flips) * others, flips, epsilon)
     assert not _within((COIN_QUANTA - flips + 1) * others, flips - 1, epsilon)  # the least
+
+
+@pytest.mark.parametrize(("others", "common"), [(18_124, 1), (99_999, 1), (99_999, 7), (1, 1)])
+def test_a_coin_is_within_e_eps_both_ways_at_the_ledger_s_smallest_epsilon(
+    others: int, common: int
+) -> None:
+    """Rounded up to the least count, the rare side could pass chance: at ε = 10⁻¹²
+    and 18,125 classes or more, one other class came out more likely than the label
+    kept by more than e^ε (4.5·10⁻¹² against 10⁻¹² at K = 10⁵, with 2⁵³ draws)."""
+    epsilon = 1e-12
+    flips = rare_draws(others, common, epsilon)
+    rare_each, common_each = flips * common, (COIN_QUANTA - flips) * others
+    assert _within(common_each, rare_each, epsilon) and _within(rare_each, common_each, epsilon)
+
+
+def test_a_coin_no_count_realizes_is_refused() -> None:
+    """10¹⁵ outcomes at ε = 10⁻¹²: the counts within e^ε both ways span 0.01 of a
+    quantum, so none may exist; the coin is refused, not drawn past e^ε."""
+    with pytest.raises(MechanismError, match="raise ε"):
+        rare_draws(10**15, 1, 1e-12)
 
 
 def test_a_discrete_staircase_s_low_step_is_never_rarer_than_its_law() -> None:
