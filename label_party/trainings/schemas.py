@@ -49,7 +49,8 @@ class TrainingSpec(BaseModel):
     ``cnn`` is ``labeldp-pro.txt`` Table 10a's CNN over ``image_shape`` (the numeric
     columns are the pixels, row-major); ``mlp`` a fully connected net with ``hidden``
     layers. A field the denoiser or architecture does not read is refused if given
-    and null in the resolved spec.
+    and null in the resolved spec; null there, it is taken back as absent (a spec
+    copied from a training's resolved one is accepted as it is).
 
     Strict: a training spends its (ε, δ) for good, so a value of the wrong JSON type
     (``"epochs": true``, ``"smoothing": false``, ``"hidden": ["16"]``) is refused,
@@ -62,15 +63,15 @@ class TrainingSpec(BaseModel):
     delta: PrivacyAmount | None = Field(default=None, gt=0, lt=1)
     denoiser: Denoiser = "alt-conv"
     architecture: Literal["cnn", "mlp"] = "cnn"
-    image_shape: tuple[Dim, Dim, Dim] = (1, 28, 28)
-    hidden: list[Dim] = Field(default_factory=lambda: [128, 64], max_length=8)
+    image_shape: tuple[Dim, Dim, Dim] | None = (1, 28, 28)
+    hidden: list[Dim] | None = Field(default_factory=lambda: [128, 64], max_length=8)
     epochs: int = Field(default=5, ge=1, le=10_000)
     expected_batch_size: int | None = Field(default=None, ge=1)
     # Bounded so that the noise (σ·C) and the steps stay finite in float32.
     clip_norm: float = Field(default=1.0, gt=0, le=1e4)
     learning_rate: float = Field(default=0.1, gt=0, le=1e3)
     optimizer: Optimizer = "sgd"
-    alt_batch_size: int = Field(default=64, ge=1)
+    alt_batch_size: int | None = Field(default=64, ge=1)
     projection_steps: int | None = Field(default=None, ge=0, le=100_000)
     projection_method: Literal["pgd", "fista"] | None = None
     projection_backend: Literal["autodiff", "dense"] | None = None
@@ -82,14 +83,20 @@ class TrainingSpec(BaseModel):
         """A field set for a denoiser or architecture that ignores it is refused: a
         training spends its (ε, δ) for good, and ``"denoiser": "noop", "smoothing":
         0.5`` is a mistake to show before that, not a setting to echo back."""
-        given = [
-            f for f in unread_fields(self.denoiser, self.architecture) if f in self.model_fields_set
-        ]
+        unread = unread_fields(self.denoiser, self.architecture)
+        given = [f for f in unread if f in self.model_fields_set and getattr(self, f) is not None]
         if given:
             raise ValueError(
                 f"{', '.join(given)}: not read by denoiser {self.denoiser!r} with architecture "
                 f"{self.architecture!r}; leave {'it' if len(given) == 1 else 'them'} out"
             )
+        # Null is the resolved spec's word for "not read", so that it can be sent
+        # back; for a field that is read, null means its default, as for the others.
+        for name in ("image_shape", "hidden", "alt_batch_size"):
+            if getattr(self, name) is None and name not in unread:
+                setattr(
+                    self, name, type(self).model_fields[name].get_default(call_default_factory=True)
+                )
         return self
 
 

@@ -217,7 +217,7 @@ def parse_spec(text: str | None) -> TrainingSpec:
 def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, Any], int]:
     """The spec with its defaults filled in (as stored and put in the artifact),
     and δ in ledger units (default ⌊10¹⁸/n⌋, i.e. δ ≤ 1/n)."""
-    if spec.architecture == "cnn":
+    if spec.architecture == "cnn" and spec.image_shape is not None:  # (filled in for a cnn)
         c, h, w = spec.image_shape
         if c * h * w != num_features:
             raise InvalidRequestError(
@@ -231,7 +231,7 @@ def _resolved(spec: TrainingSpec, n: int, num_features: int) -> tuple[dict[str, 
         raise InvalidRequestError(
             f"expected_batch_size must not exceed the {n} labelled examples the features cover"
         )
-    if spec.denoiser == "alt-conv" and spec.alt_batch_size > n:
+    if spec.denoiser == "alt-conv" and (spec.alt_batch_size or 0) > n:
         # ALTCONV draws its n₂ projection examples from the same n.
         raise InvalidRequestError(
             f"alt_batch_size ({spec.alt_batch_size}: alt-conv's n₂ projection examples, "

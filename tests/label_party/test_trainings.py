@@ -28,6 +28,7 @@ from label_party.db import connect, transaction
 from label_party.labeldp_pro import LabelDPProConfig
 from label_party.models import Training
 from label_party.storage import TRAININGS_GRACE_SECONDS
+from label_party.trainings.schemas import TrainingSpec
 from label_party.trainings.worker import Worker
 from shared.torch_models import build_model, model_config_from_dict
 from tests.cuda import needs_cuda
@@ -498,7 +499,7 @@ def test_a_field_the_denoiser_or_model_does_not_read_is_refused_not_echoed(
         assert r.status_code == 422, (denoiser, r.text)
         assert all(key in r.text for key in unread) and "leave" in r.text
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json() == budget
-    noop = {**CHEAP, "epsilon": 1, "denoiser": "noop"}
+    noop = {**CHEAP, "epsilon": 1, "delta": 1e-4, "denoiser": "noop"}
     r = submit(client, dataset_id, tabular(ids, labels), **noop)
     assert r.status_code == 201, r.text
     resolved = r.json()["spec"]
@@ -506,6 +507,13 @@ def test_a_field_the_denoiser_or_model_does_not_read_is_refused_not_echoed(
     for key in ("alt_batch_size", "projection_steps", "projection_method",
                 "projection_backend", "smoothing", "image_shape"):  # fmt: skip
         assert resolved[key] is None, key
+    # The resolved spec's fields, sent back for another training, are the same
+    # spec: its nulls are what is not read (what the labels party adds, the
+    # noise plan and the class count, is not a spec field).
+    again = {k: v for k, v in resolved.items() if k in TrainingSpec.model_fields}
+    r = submit(client, dataset_id, tabular(ids, labels), **again)
+    assert r.status_code == 201, r.text
+    assert {k: r.json()["spec"][k] for k in again} == again
     r = submit(client, dataset_id, tabular(ids, labels), **{**noop, "denoiser": "alt-conv"})
     resolved = r.json()["spec"]
     assert resolved["alt_batch_size"] == 64 and resolved["smoothing"] == 0.75, resolved
