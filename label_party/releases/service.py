@@ -94,14 +94,29 @@ def jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=default))
 
 
-def fingerprint(body: ReleaseCreate) -> str:
+def fingerprints(body: ReleaseCreate) -> tuple[str, str]:
+    """The request's digest for its idempotency key, and the digest of it as sent,
+    which releases made before 2026-11-25 stored.
+
+    The first is of the request as the ledger reads it: its parts as a set and its
+    loss named, so that a retry listing the parts in another order (as a manifest
+    lists them) or naming the default loss is the same request, not a conflict."""
     data = body.model_dump(mode="json", exclude={"idempotency_key"})
-    return hashlib.sha256(audit.canonical(data).encode()).hexdigest()
+    as_sent = hashlib.sha256(audit.canonical(data).encode()).hexdigest()
+    parts = normalize_parts(body.parts)
+    data["parts"] = None if parts is None else list(parts)
+    data["mechanism"]["loss"] = _loss(body)
+    return hashlib.sha256(audit.canonical(data).encode()).hexdigest(), as_sent
+
+
+def _loss(body: ReleaseCreate) -> str:
+    """The release's loss: the request's, or its mechanism's task's default."""
+    spec = get_spec(body.mechanism.name)
+    return body.mechanism.loss or ("zero-one" if spec.task == "classification" else "squared")
 
 
 def _plan(body: ReleaseCreate, dataset: Dataset) -> ReleasePlan:
-    spec = get_spec(body.mechanism.name)
-    loss: str = body.mechanism.loss or ("zero-one" if spec.task == "classification" else "squared")
+    loss = _loss(body)
     if loss not in LOSSES:
         raise InvalidRequestError(f"unknown loss {loss!r}")
     plan = ReleasePlan(
@@ -247,18 +262,19 @@ def create(
     dataset = visible_dataset(session, principal, dataset_id)
     dataset = ledger.lock_dataset(session, dataset.id)
     confirm(session, principal)
-    digest = fingerprint(body)
+    digests = fingerprints(body)
+    digest = digests[0]
     if body.idempotency_key is not None:
         existing = repository.by_idempotency_key(session, dataset.id, body.idempotency_key)
         if existing is not None:
-            if existing.request_fingerprint != digest or existing.created_by != principal.id:
+            if existing.request_fingerprint not in digests or existing.created_by != principal.id:
                 raise IdempotencyConflictError(
                     "this idempotency key was used for a different request"
                 )
             return existing, False
         failed = repository.failure_by_idempotency_key(session, dataset.id, body.idempotency_key)
         if failed is not None:
-            if failed.request_fingerprint != digest or failed.created_by != principal.id:
+            if failed.request_fingerprint not in digests or failed.created_by != principal.id:
                 raise IdempotencyConflictError(
                     "this idempotency key was used for a different request"
                 )

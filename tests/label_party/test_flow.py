@@ -182,6 +182,31 @@ def test_partitions_compose_per_part(server: Server) -> None:
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
 
+def test_a_retry_replays_whatever_order_its_parts_are_listed_in(server: Server) -> None:
+    """The key's fingerprint was of the body as sent, the ledger's of its parts as a
+    set: a retry listing them as the manifest does (sorted), or naming the default
+    loss, was refused as another request (409), and its release was lost to it."""
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=1.0)
+    ids = [f"e{i}" for i in range(100)]
+    assert upload_labels(admin, ds, ids, [float(i % 10) for i in range(100)]).status_code == 200
+    plan = parquet_bytes({"example_id": ids, "part": ["a"] * 50 + ["b"] * 50})
+    assert admin.post(f"/v1/datasets/{ds}/partitions", files={"file": ("p.parquet", plan)})
+    first = release(admin, ds, 0.1, parts=["b", "a"], idempotency_key="k")
+    assert first.status_code == 201, first.text
+    for retry in (
+        {"parts": first.json()["parts"]},
+        {"parts": ["a", "b", "a"]},
+        {"parts": ["b", "a"], "mechanism": {"name": "laplace", "loss": "squared"}},
+    ):
+        again = release(admin, ds, 0.1, idempotency_key="k", **retry)
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"], retry
+    for other in ({"parts": ["a"]}, {"parts": ["a", "b"], "mechanism": {"name": "staircase"}}):
+        r = release(admin, ds, 0.1, idempotency_key="k", **other)
+        assert r.status_code == 409 and r.json()["error"] == "idempotency_conflict", other
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.1
+
+
 def test_classification_releases(server: Server) -> None:
     admin = server.client()
     ds = create_dataset(
