@@ -109,6 +109,19 @@ __all__ = [
 #: ratio). At ε = 25 the rarest, e^{−25} ≈ 1.4·10⁻¹¹, is 10⁵ quanta of 2⁻⁵³.
 ADDITIVE_MAX_EPSILON = 25.0
 
+#: Unclipped noise is kept within this many of its integer steps beyond the domain
+#: (the lattice's, or the integer labels'). A float holds integers exactly only
+#: below 2⁵³; past it ``y + Z`` rounded in a way that depended on ``y``, so that at
+#: ε ≈ 10⁻¹¹ some outputs ruled some labels out. Every sum inside the window is
+#: exact, and one beyond it still lands on the window's edge (float rounding is
+#: monotone), so the release is ``clip(y + Z)`` to a label-independent window:
+#: post-processing of the exact sum.
+FAR_STEPS = 2**51
+#: The most probability an unclipped mechanism's noise may have past the window: a
+#: mechanism that reaches it more often is refused (its analysis, unbiased with
+#: loss E[Z²], would not describe what it releases). About ε < 10⁻⁹ on the lattice.
+FAR_MASS = 1e-12
+
 #: Largest Δ for which a discrete clipped mechanism is turned into a matrix.
 MAX_MATRIX_SIDE = 5_000
 
@@ -628,8 +641,8 @@ class AdditiveMechanism(ContinuousMechanism):
             # Discrete noise needs integer labels; rounding them (unbiasedly) instead
             # of refusing others keeps whether a release succeeds label-independent.
             noisy = round_to_integers(chunk, g) + self.noise.sample(chunk.size, g)
-            if self.clip:
-                np.clip(noisy, self.lo, self.hi, out=noisy)
+            lo, hi = (self.lo, self.hi) if self.clip else self.window
+            np.clip(noisy, lo, hi, out=noisy)
             return noisy
 
         def check(chunk: FloatArray) -> None:
@@ -643,10 +656,35 @@ class AdditiveMechanism(ContinuousMechanism):
         h = (self.hi - self.lo) / LATTICE_STEPS
         index = np.clip((y - self.lo) / h, 0.0, float(LATTICE_STEPS))
         j = round_to_integers(index, g) + noise.sample(y.size, g)
-        if self.clip:
-            np.clip(j, 0.0, float(LATTICE_STEPS), out=j)
+        lo, hi = (0.0, float(LATTICE_STEPS)) if self.clip else self.window
+        np.clip(j, lo, hi, out=j)
         out: FloatArray = self.lo + j * h
         return out
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """Where unclipped noise is kept (:data:`FAR_STEPS`): in lattice indices, or
+        in labels for discrete noise."""
+        lo, hi = (
+            (0.0, float(LATTICE_STEPS)) if self.lattice_noise is not None else (self.lo, self.hi)
+        )
+        return lo - FAR_STEPS, hi + FAR_STEPS
+
+    def checked_window(self) -> AdditiveMechanism:
+        """``self``, or :class:`MechanismError` if unclipped its noise reaches past
+        :data:`FAR_STEPS` with more than :data:`FAR_MASS` (a free refusal: ε and
+        the domain are public)."""
+        if self.clip:
+            return self
+        noise = self.lattice_noise if self.lattice_noise is not None else self.noise
+        beyond = 2.0 * float(noise.tail(np.array([FAR_STEPS - LATTICE_STEPS], dtype=float))[0])
+        if beyond > FAR_MASS:
+            raise MechanismError(
+                f"unclipped {self.name} noise at ε = {self.epsilon:g} reaches past 2⁵¹ of its "
+                f"steps with probability {beyond:.2g}, where floats stop holding sums "
+                "exactly: raise ε or set clip=true"
+            )
+        return self
 
     # -- analysis -----------------------------------------------------------
 
@@ -924,6 +962,11 @@ def _common(
     if discrete:
         if not (_is_integer(lo) and _is_integer(hi)):
             raise MechanismError(f"discrete=true needs integer bounds, got [{lo:g}, {hi:g}]")
+        if max(abs(lo), abs(hi)) > FAR_STEPS:
+            raise MechanismError(
+                f"discrete=true needs bounds within ±2⁵¹, got [{lo:g}, {hi:g}]: a float "
+                "holds every integer exactly only below 2⁵³"
+            )
         values = np.asarray(request.values, dtype=np.float64)
         if not np.array_equal(values, np.round(values)):
             raise MechanismError("discrete=true needs integer label values")
@@ -948,7 +991,9 @@ def laplace_from_request(request: FitRequest) -> Mechanism:
         noise = LaplaceNoise(delta / eps)
         lattice = discrete_laplace(LATTICE_STEPS, eps)
         extra["lattice_step"] = delta / LATTICE_STEPS
-    return AdditiveMechanism("laplace", eps, lo, hi, noise, clip, discrete, extra, lattice)
+    return AdditiveMechanism(
+        "laplace", eps, lo, hi, noise, clip, discrete, extra, lattice
+    ).checked_window()
 
 
 def staircase_from_request(request: FitRequest) -> Mechanism:
@@ -993,7 +1038,9 @@ def staircase_from_request(request: FitRequest) -> Mechanism:
         steps = max(1, round(float(gamma) * LATTICE_STEPS))
         lattice = discrete_staircase(LATTICE_STEPS, eps, min(steps, LATTICE_STEPS))
         extra["lattice_step"] = delta / LATTICE_STEPS
-    return AdditiveMechanism("staircase", eps, lo, hi, noise, clip, discrete, extra, lattice)
+    return AdditiveMechanism(
+        "staircase", eps, lo, hi, noise, clip, discrete, extra, lattice
+    ).checked_window()
 
 
 def exponential_from_request(request: FitRequest) -> Mechanism:

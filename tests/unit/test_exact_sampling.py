@@ -202,3 +202,44 @@ def test_a_tiny_epsilon_still_samples(name: str, k: int, epsilon: float) -> None
     law = _realized(mechanism)
     for column in law.T:
         assert _within(int(column.max()), int(column.min()), epsilon)
+
+
+def test_unclipped_noise_stays_where_floats_hold_its_sums_exactly() -> None:
+    """Past 2⁵³ ``y + Z`` rounded as ``y`` dictated: at ε = 10⁻¹² on 0..10000, 5 %
+    of label 0's outputs were multiples of 4 plus 4 that label 2 could never give.
+    Unclipped noise is now kept within a window of 2⁵¹ steps, and a sum past it
+    lands on its edge, which every label reaches alike."""
+    from label_party.mechanisms.additive import FAR_STEPS, AdditiveMechanism, discrete_laplace
+
+    noise = discrete_laplace(10_000, 1e-12)  # scale 10¹⁶ > 2⁵³: built past the refusal
+    mechanism = AdditiveMechanism("laplace", 1e-12, 0.0, 10_000.0, noise, False, True, {})
+    low, high = mechanism.window
+    assert (low, high) == (-FAR_STEPS, 10_000 + FAR_STEPS) and high < 2**53
+    rng = np.random.default_rng(11)
+    for label in (0.0, 2.0):
+        out = mechanism.sample(np.full(50_000, label), rng=rng)
+        assert out.min() >= low and out.max() <= high
+        edges = np.isin(out, (low, high))
+        assert 0.4 < edges.mean() < 0.95  # most of this noise is past the window
+        inside = out[~edges]
+        assert np.array_equal(inside, np.round(inside))
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "epsilon"),
+    [("laplace", {}, 1e-11), ("staircase", {}, 1e-11), ("laplace", {"discrete": True}, 1e-12),
+     ("staircase", {"discrete": True, "r": 9093}, 1e-12)],
+)  # fmt: skip
+def test_unclipped_noise_that_would_reach_the_window_is_refused(
+    name: str, params: dict[str, Any], epsilon: float
+) -> None:
+    """Its analysis (unbiased, E[Z²]) would not describe a release clipped most of
+    the time; refused at the fit (free), and clipped it is fine."""
+    values = np.arange(0.0, 9095.0)
+    prior = np.full(values.size, 1 / values.size)
+    with pytest.raises(MechanismError, match="raise ε or set clip=true"):
+        fit(name, epsilon=epsilon, values=values, prior=prior, domain=(0.0, 9094.0),
+            params=params)  # fmt: skip
+    clipped = fit(name, epsilon=epsilon, values=values, prior=prior, domain=(0.0, 9094.0),
+                  params={**params, "clip": True})  # fmt: skip
+    assert clipped.epsilon == epsilon
