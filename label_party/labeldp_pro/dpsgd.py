@@ -194,6 +194,9 @@ class Checkpoint:
     model: dict[str, Tensor]
     optimizer: dict[str, Any]
     history: list[EpochSummary]
+    #: The epoch under way, so far (None at an epoch's end): its summary, once
+    #: resumed, covers the whole epoch, not only the steps since the resume.
+    partial: EpochSummary | None = None
 
 
 @dataclass(frozen=True)
@@ -362,7 +365,9 @@ def train_labeldp_pro(
     first = 0 if resume is None else _restore(model, optimizer, resume, total_steps)
     history: list[EpochSummary] = [] if resume is None else list(resume.history)
     started = time.perf_counter()
-    stats, epoch_start = _EpochStats(device), started
+    partial = None if resume is None else resume.partial
+    stats = _EpochStats(device, partial)
+    epoch_start = started - (0.0 if partial is None else partial.seconds)
     for done in range(first + 1, total_steps + 1):
         epoch, within = divmod(done - 1, steps_per_epoch)
         loop.step(stats)
@@ -375,7 +380,10 @@ def train_labeldp_pro(
             history.append(stats.summary(epoch, stats.steps, now - epoch_start))
             stats, epoch_start = _EpochStats(device), now
         if checkpointing is not None and _due(checkpointing, done, total_steps):
-            checkpointing.save(_snapshot(model, optimizer, done, history))
+            so_far = stats.summary(epoch, stats.steps, time.perf_counter() - epoch_start)
+            checkpointing.save(
+                _snapshot(model, optimizer, done, history, so_far if stats.steps else None)
+            )
     return TrainingResult(model=model, accounting=record, history=history)
 
 
@@ -385,7 +393,11 @@ def _due(checkpointing: Checkpointing, done: int, total_steps: int) -> bool:
 
 
 def _snapshot(
-    model: nn.Module, optimizer: torch.optim.Optimizer, step: int, history: list[EpochSummary]
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    history: list[EpochSummary],
+    partial: EpochSummary | None,
 ) -> Checkpoint:
     """Copies (on the CPU) of the state after ``step``: training goes on meanwhile."""
     return Checkpoint(
@@ -393,6 +405,7 @@ def _snapshot(
         model={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
         optimizer=copy.deepcopy(_to_cpu(optimizer.state_dict())),
         history=list(history),
+        partial=partial,
     )
 
 
@@ -520,11 +533,18 @@ def poisson_sample(n: int, q: float, generator: torch.Generator, device: torch.d
 class _EpochStats:
     """Running sums kept on the device, read once per epoch (no per-step sync)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.steps = 0
-        self.noisy = torch.zeros((), device=device)
-        self.denoised = torch.zeros((), device=device)
+    def __init__(self, device: torch.device, so_far: EpochSummary | None = None) -> None:
+        """Empty, or going on from ``so_far`` (a checkpoint's epoch under way)."""
+        steps = 0 if so_far is None else so_far.steps
+        self.steps = steps
+        self.noisy = torch.tensor(0.0 if so_far is None else so_far.noisy_gradient_norm * steps,
+                                  device=device)  # fmt: skip
+        self.denoised = torch.tensor(
+            0.0 if so_far is None else so_far.denoised_gradient_norm * steps, device=device
+        )
         self.loss: Tensor | None = None
+        if so_far is not None and so_far.loss is not None:
+            self.loss = torch.tensor(so_far.loss * steps, device=device)
         self.last_loss: Tensor | None = None
 
     def add(self, batch_size: int, noisy: Tensor, denoised: Tensor, loss: Tensor | None) -> None:

@@ -211,6 +211,7 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint, plan: dict[str, Any]) -
         "model": checkpoint.model,
         "optimizer": checkpoint.optimizer,
         "history": [asdict(h) for h in checkpoint.history],
+        "partial": None if checkpoint.partial is None else asdict(checkpoint.partial),
     }
     # Its own temporary name: a worker that lost its lease may still be writing
     # while the one that took the training over saves.
@@ -243,4 +244,7 @@ def read_checkpoint(path: Path, plan: dict[str, Any]) -> Checkpoint | None:
         model=payload["model"],
         optimizer=payload["optimizer"],
         history=[_summary(h) for h in payload["history"]],
+        # (None in a checkpoint saved before 2026-11-25: that epoch's summary then
+        # covers the steps since the resume.)
+        partial=None if payload.get("partial") is None else _summary(payload["partial"]),
     )

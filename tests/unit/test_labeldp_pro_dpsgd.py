@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from label_party.labeldp_pro.dpsgd import (
     Checkpoint,
     Checkpointing,
     DivergedError,
+    EpochSummary,
     LabelDPProConfig,
     ProgressEvent,
     clip_per_example,
@@ -311,6 +314,13 @@ def test_a_run_resumed_from_a_checkpoint_ends_where_the_uninterrupted_run_does(
         torch.testing.assert_close(a, b)
     assert resumed.accounting == straight.accounting
     assert [h.epoch for h in resumed.history] == [0, 1]
+    # Epoch 1 was resumed after its first step: its summary covers all five (it
+    # counted the four since the resume, and averaged over them alone).
+    assert saved[1].partial is not None and saved[1].partial.steps == 1
+    for whole, again in zip(straight.history, resumed.history, strict=True):
+        assert whole.steps == again.steps == 5
+        assert again.noisy_gradient_norm == pytest.approx(whole.noisy_gradient_norm, rel=1e-5)
+        assert again.denoised_gradient_norm == pytest.approx(whole.denoised_gradient_norm, rel=1e-5)
 
 
 def test_checkpoint_outside_the_run_is_refused() -> None:
@@ -362,3 +372,21 @@ def test_poll_stops_a_run_within_its_first_step(denoiser: str, physical_batch_si
         train_labeldp_pro(_linear(), x, y, config=config, report=reports.append, poll=poll,
                           generator=torch.Generator().manual_seed(0))  # fmt: skip
     assert reports == [] and len(calls) == 5  # stopped inside step 1
+
+
+def test_a_checkpoint_file_keeps_the_epoch_under_way(tmp_path: Path) -> None:
+    """The worker resumes from the file, not the object: the epoch under way must
+    survive the round trip (a file from before it had none: that reads as None)."""
+    from label_party.trainings.training import read_checkpoint, write_checkpoint
+
+    so_far = EpochSummary(epoch=1, steps=2, seconds=0.5, noisy_gradient_norm=3.0,
+                          denoised_gradient_norm=1.0, loss=None)  # fmt: skip
+    state = Checkpoint(step=7, model={"w": torch.ones(2)}, optimizer={}, history=[],
+                       partial=so_far)  # fmt: skip
+    plan = {"steps": 10}
+    write_checkpoint(tmp_path / "c.pt", state, plan)
+    back = read_checkpoint(tmp_path / "c.pt", plan)
+    assert back is not None and back.partial == so_far
+    write_checkpoint(tmp_path / "c.pt", dataclasses.replace(state, partial=None), plan)
+    back = read_checkpoint(tmp_path / "c.pt", plan)
+    assert back is not None and back.partial is None
