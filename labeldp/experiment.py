@@ -442,6 +442,14 @@ def parse_domain(text: str) -> dict[str, Any]:
     return domain
 
 
+def _check_own_task(task: str) -> None:
+    if task != "regression":
+        raise ValueError(
+            f"--task {task!r}: your own data (--labels) must be regression; the "
+            "classification datasets run with --dataset"
+        )
+
+
 def load_user_data(
     labels_path: Path,
     features_path: Path,
@@ -454,8 +462,7 @@ def load_user_data(
     (CSV or Parquet), joined on ``example_id``. Feature columns of string or
     boolean type, and those named in ``categorical``, are categorical; the rest
     numeric (nulls filled with 0)."""
-    if task != "regression":
-        raise ValueError(f"--task {task!r}: experiments support regression only")
+    _check_own_task(task)
     labels = _read_table(labels_path, "--labels")
     features = _read_table(features_path, "--features")
     for name, table, needed in (("labels", labels, {"example_id", "label"}),
@@ -709,7 +716,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="FILE",
         help="your own features: CSV/Parquet with example_id and feature columns",
     )
-    p.add_argument("--task", default="regression", help="with --labels: regression (default)")
+    p.add_argument("--task", default="regression",
+                   help="with --labels: regression (the default, and the only task for your "
+                        "own data; the classification datasets run with --dataset)")  # fmt: skip
     p.add_argument(
         "--domain",
         metavar="JSON",
@@ -758,6 +767,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
         data = load(args.dataset)
     elif all(own):
         categorical = [c.strip() for c in args.categorical.split(",") if c.strip()]
+        _check_own_task(args.task)  # before the domain, whose form depends on it
         domain = parse_domain(args.domain)
         data = load_user_data(
             args.labels, args.features, task=args.task, domain=domain, categorical=categorical

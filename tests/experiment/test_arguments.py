@@ -45,6 +45,24 @@ def _with(flag: str, value: str) -> list[str]:
         (["--method", "laplace", "--epsilon", "1"], "give --dataset NAME"),
         (_with("--labels", "x.csv"), "not both"),
         (_with("--labels-party", "http://127.0.0.1:1"), "give both"),
+        # The task is checked before the domain, whose form it decides.
+        (
+            [
+                "--labels",
+                "l.csv",
+                "--features",
+                "f.csv",
+                "--task",
+                "classification",
+                "--domain",
+                '{"num_classes": 3}',
+                "--method",
+                "rr",
+                "--epsilon",
+                "1",
+            ],
+            "must be regression",
+        ),
     ],
 )
 def test_bad_input_is_one_line(
@@ -83,7 +101,7 @@ def test_user_data_is_joined_on_example_id(tmp_path: Path) -> None:
 
 def test_user_data_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     labels, features = _tiny(tmp_path)
-    with pytest.raises(ValueError, match="regression only"):
+    with pytest.raises(ValueError, match="must be regression"):
         load_user_data(labels, features, task="classification", domain={"min": 0, "max": 1})
     with pytest.raises(ValueError, match="lacks column"):
         load_user_data(features, labels, task="regression", domain={"min": 0, "max": 1})
