@@ -64,7 +64,8 @@ _FALSE_SPELLINGS = pa.array(FALSE_WORDS[1:], type=pa.string())
 
 
 def as_categories(column: Column, name: str) -> Column:
-    """A categorical column as strings: text, integers, booleans or floats (as written).
+    """A categorical column as strings: text, integers, booleans or floats (as
+    written; a whole number as an integer, :func:`_whole_numbers`).
 
     A boolean is ``"true"``/``"false"``, and so is its text spelling (``True``,
     ``TRUE``, …): a CSV column of ``True``/``False`` is read as booleans when its
@@ -81,12 +82,24 @@ def as_categories(column: Column, name: str) -> Column:
         or pa.types.is_null(dtype)
     ):
         raise ColumnTypeError(f"column {name!r} cannot be a category: its type is {dtype}")
-    text = _cast(column, pa.string())
+    text = _whole_numbers(_cast(column, pa.string()))
     if not _is_text(dtype):
         return text
     text = pc.if_else(pc.is_in(text, value_set=_TRUE_SPELLINGS), "true", text)
     spelled: Column = pc.if_else(pc.is_in(text, value_set=_FALSE_SPELLINGS), "false", text)
     return spelled
+
+
+def _whole_numbers(text: Column) -> Column:
+    """A whole number written as a float (``2.0``, ``-3.00``: pandas' CSV of a float
+    column) as the integer it is (``2``, ``-3``, as Arrow writes a float 2.0), and
+    a negative zero as ``0``: a category from a Parquet float, a CSV's text or a
+    JSON row must be the same category, or a model put every row of the other
+    form in its unknown bucket and answered 200. Other text is kept as written
+    (``02139`` and ``1.10`` are categories of their own)."""
+    whole = pc.replace_substring_regex(text, pattern=r"^(-?[0-9]+)\.0+$", replacement=r"\1")
+    unsigned: Column = pc.replace_substring_regex(whole, pattern=r"^-(0+)$", replacement=r"\1")
+    return unsigned
 
 
 def as_numbers(column: Column, name: str, dtype: pa.DataType | None = None) -> Column:

@@ -14,6 +14,7 @@ from feature_party.feature_sets.ingest import ingest, read_table
 from feature_party.feature_sets.schemas import SchemaDeclaration
 from feature_party.models.service import _rows_table
 from feature_party.training.data import Preprocessing, fit_preprocessing
+from shared.columns import as_categories
 
 FLAGS = ["True", "False", "TRUE", "false", "True"]
 
@@ -81,7 +82,6 @@ def test_a_json_value_names_one_category_whatever_the_other_rows_hold() -> None:
     """Alone, a column of 1.0 was read as numbers (category "1"); beside a string it
     was written by json.dumps ("1.0"): one value, two categories, by its neighbours."""
     from feature_party.errors import InvalidInputError
-    from shared.columns import as_categories
 
     def first(rows: list[dict[str, object]]) -> object:
         return as_categories(_rows_table(rows).column("code"), "code")[0].as_py()
@@ -90,3 +90,30 @@ def test_a_json_value_names_one_category_whatever_the_other_rows_hold() -> None:
         assert first([{"code": value}]) == first([{"code": value}, {"code": "x"}]), value
     with pytest.raises(InvalidInputError, match=r"'code' holds a list or an object \(row 2\)"):
         _rows_table([{"code": "x"}, {"code": [1]}])
+
+
+def test_a_whole_number_float_is_one_category_by_parquet_csv_and_json(tmp_path: Path) -> None:
+    """Categories from a Parquet float column were stored as Arrow writes them ("2",
+    "-0"), a pandas CSV of the same column says "2.0": a model trained from one put
+    every row of the other in its unknown bucket and answered 200, one constant."""
+    values = [-2.0, -0.0, 0.0, 2.0, 2.5]
+    trained = tmp_path / "features.parquet"
+    pq.write_table(pa.table({"example_id": [f"e{i}" for i in range(5)], "g": values}), trained)
+    stored = ingest(trained, filename="features.parquet",
+                    schema=SchemaDeclaration(categorical=["g"]))  # fmt: skip
+    preprocessing = fit_preprocessing(stored.table, stored.roles)
+    assert sorted(preprocessing.vocabularies[0]) == ["-2", "0", "2", "2.5"]  # −0 is 0
+    csv = tmp_path / "rows.csv"
+    csv.write_text("g\n-2.0\n-0.0\n0.0\n2.0\n2.5\n")  # as pandas' to_csv writes them
+    by_file = read_table(csv, filename="rows.csv", text_columns=["g"])
+    by_json = _rows_table([{"g": v} for v in values])
+    expected = preprocessing.transform(stored.table).categorical[:, 0].tolist()
+    assert 0 not in expected and expected[1] == expected[2]
+    for rows in (by_file, by_json):
+        assert preprocessing.transform(rows).categorical[:, 0].tolist() == expected
+    # Text that only looks like a number keeps its spelling: a zip code, a version.
+    assert as_categories(pa.array(["02139", "1.10", "1.1"]), "g").to_pylist() == [
+        "02139",
+        "1.10",
+        "1.1",
+    ]
