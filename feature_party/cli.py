@@ -32,6 +32,7 @@ from shared.cli_errors import CommandError
 from shared.logging import configure_logging
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.startup import StartupError
+from shared.watching import QueuedHint
 from shared.worker_loop import WorkerBusyError, run_queue_worker
 
 
@@ -280,9 +281,16 @@ def run_jobs_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What ``jobs watch`` says once when no worker has taken the job for a while.
+QUEUED_HINT = (
+    "still queued: jobs run in a features-party worker (`labeldp feature-party worker`, "
+    "with the service's settings); is one running?"
+)
+
+
 def run_jobs_watch(args: argparse.Namespace) -> int:
     tty = sys.stdout.isatty()
-    last = ""
+    last, hint = "", QueuedHint(QUEUED_HINT)
     while True:
         job = _get_job(args.url, args.job_id)
         line = progress_line(job)
@@ -297,6 +305,7 @@ def run_jobs_watch(args: argparse.Namespace) -> int:
             elif job.get("model_id"):
                 print(f"model {job['model_id']}")
             return 0 if job["status"] == "succeeded" else 1
+        hint.saw(job["status"])
         time.sleep(args.interval)
 
 

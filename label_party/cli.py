@@ -17,6 +17,7 @@ from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismS
 from shared.cli_errors import CommandError, detail_text, refusal, unreachable
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.spending import command_key
+from shared.watching import QueuedHint
 from shared.worker_loop import run_queue_worker
 
 #: What ``release`` offers: every mechanism but those never released on their own
@@ -516,8 +517,6 @@ def _verify(args: argparse.Namespace) -> int:
 # -- LabelDP-Pro trainings -----------------------------------------------------------
 
 FINAL = ("succeeded", "failed", "cancelled")
-#: ``watch`` says once that nothing has picked a training up after this long.
-QUEUED_HINT_SECONDS = 30.0
 QUEUED_HINT = (
     "still queued: trainings run in a labels-party worker (`labeldp label-party worker`, "
     "with the service's settings); is one running?"
@@ -689,7 +688,7 @@ def training_line(training: dict[str, Any], width: int = 30) -> str:
 def _training_watch(args: argparse.Namespace) -> int:
     import time
 
-    last, started, hinted = "", time.monotonic(), False
+    last, hint = "", QueuedHint(QUEUED_HINT)
     while True:
         training = _request(args, "GET", f"/v1/trainings/{args.training}").json()
         line = training_line(training)
@@ -698,10 +697,7 @@ def _training_watch(args: argparse.Namespace) -> int:
             last = line
         if training["status"] in FINAL:
             break
-        waited = time.monotonic() - started
-        if training["status"] == "queued" and not hinted and waited >= QUEUED_HINT_SECONDS:
-            print(QUEUED_HINT, file=sys.stderr, flush=True)
-            hinted = True
+        hint.saw(training["status"])
         time.sleep(args.interval)
     if training["status"] == "succeeded":
         accounting = training.get("accounting") or {}

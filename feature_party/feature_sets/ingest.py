@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from feature_party.errors import InvalidInputError, PayloadTooLargeError
 from feature_party.feature_sets.schemas import ColumnInfo, SchemaDeclaration
-from feature_party.training.data import ColumnRoles
+from feature_party.training.data import TARGET, ColumnRoles
 from shared.columns import (
     FALSE_WORDS,
     TRUE_WORDS,
@@ -207,6 +207,12 @@ def ingest(path: Path, *, filename: str | None, schema: SchemaDeclaration | None
         raise _bad_file("the file has no rows")
     if len(set(names)) != len(names):
         raise _bad_file("duplicate column names", {"columns": names})
+    if TARGET in names:
+        # Refused here, not by the job that would join it to labels and fail.
+        raise _bad_file(
+            f"a feature column may not be named {TARGET!r}",
+            [{"column": TARGET, "reason": "reserved for the received label"}],
+        )
 
     problems: list[dict[str, Any]] = []
     if schema is not None:

@@ -18,6 +18,11 @@ import torch
 
 from shared.columns import as_categories
 
+#: The received label's column in a join: a name no feature column may take (a
+#: feature named ``label`` made two columns of that name, and the job failed); a
+#: feature set's upload refuses it.
+TARGET = "__labeldp_target"
+
 __all__ = ["ColumnRoles", "Preprocessing", "Tensors", "fit_preprocessing"]
 
 

@@ -18,7 +18,13 @@ import pyarrow.parquet as pq
 import torch
 
 from feature_party.training.config import TrainingConfig
-from feature_party.training.data import ColumnRoles, Preprocessing, Tensors, fit_preprocessing
+from feature_party.training.data import (
+    TARGET,
+    ColumnRoles,
+    Preprocessing,
+    Tensors,
+    fit_preprocessing,
+)
 from feature_party.training.losses import Loss, debiasing_problem, make_loss
 
 __all__ = ["TrainingData", "join_features_labels", "load_training_data"]
@@ -33,11 +39,6 @@ class TrainingData:
     preprocessing: Preprocessing
     loss: Loss
     num_classes: int | None
-
-
-#: The received label's column in a join: a name no feature column is expected to
-#: take (a feature named ``label`` made two columns of that name, and the job failed).
-TARGET = "__labeldp_target"
 
 
 def join_features_labels(features: pa.Table, labels: pa.Table) -> pa.Table:

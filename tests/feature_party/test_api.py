@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,7 @@ from feature_party.jobs.worker import Worker
 from feature_party.orm import FeatureSet
 from feature_party.received_labels import service as received_labels_service
 from feature_party.received_labels.schemas import ReceivedLabelsCreate
+from shared import watching
 from tests.feature_party.conftest import (
     ADMIN,
     AUTH,
@@ -168,6 +170,11 @@ def test_times_are_answered_in_utc(client: httpx.Client) -> None:
             "example_id,a\n1,2\n",
             {"numeric": ["b"]},
             {"columns": ["b"], "reason": "declared but not in the file"},
+        ),
+        (  # accepted, it failed every job on the set once queued
+            "example_id,__labeldp_target\n1,2\n",
+            None,
+            {"column": "__labeldp_target", "reason": "reserved for the received label"},
         ),
     ],
 )
@@ -818,7 +825,24 @@ def test_the_cli_cancels_a_job(
     body = {"feature_set_id": fs["id"], "labels_id": received["id"]}
     job = client.post("/v1/jobs", headers=AUTH, json=body).json()
     monkeypatch.setenv("LABELDP_ADMIN_TOKEN", ADMIN)
-    command = ["feature-party", "jobs", "cancel", job["id"], "--url", str(client.base_url)]
+    # watch says once that no worker takes the job (it waited in silence), and ends
+    # when the job does.
+    monkeypatch.setattr(watching, "QUEUED_HINT_SECONDS", 0.0)
+    url = str(client.base_url)
+    timer = threading.Timer(1.0, lambda: client.delete(f"/v1/jobs/{job['id']}", headers=AUTH))
+    timer.start()
+    try:
+        watched = main(["feature-party", "jobs", "watch", job["id"], "--url", url,
+                        "--interval", "0.05"])  # fmt: skip
+    finally:
+        timer.join()
+    assert watched == 1
+    assert capsys.readouterr().err.count("labeldp feature-party worker") == 1
+    command = ["feature-party", "jobs", "cancel", job["id"], "--url", url]
+    assert main(command) == 2  # already cancelled
+    assert "job_finished" in capsys.readouterr().err
+    job = client.post("/v1/jobs", headers=AUTH, json=body).json()
+    command = ["feature-party", "jobs", "cancel", job["id"], "--url", url]
     assert main(command) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
     assert main(command) == 2  # already cancelled

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from label_party import cli as label_cli
 from labeldp.cli import main
+from shared import watching
 from shared.cli_errors import refusal
 from tests.label_party.conftest import ADMIN_TOKEN, Server
 from tests.label_party.helpers import parquet_bytes
@@ -126,7 +126,7 @@ def test_training_commands(
     assert cancelled["status"] == "cancelled"
 
     # watch says once that nobody picks the training up, and ends when it does.
-    monkeypatch.setattr(label_cli, "QUEUED_HINT_SECONDS", 0.0)
+    monkeypatch.setattr(watching, "QUEUED_HINT_SECONDS", 0.0)
     timer = threading.Timer(1.0, lambda: server.client().delete(f"/v1/trainings/{first['id']}"))
     timer.start()
     try:
