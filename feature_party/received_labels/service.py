@@ -146,7 +146,10 @@ def _with_key(
     name it, and the fingerprint of a key made here (None: the caller's key, or a
     fetch). A key made here is committed before the labels party is asked
     (:class:`PendingReleaseKey`): the caller never saw it if this service died or
-    its answer was lost, and the same request again must not pay again."""
+    the labels party's answer was lost, and the same request again must not pay
+    again. It lasts until the labels are stored: a keyless request after that is a
+    new release (docs/protocol.md, Idempotency), as a caller that must not pay twice
+    sends a key of its own."""
     if request.release is None or request.release.idempotency_key is not None:
         return request, None
     fingerprint = request_fingerprint(request)
