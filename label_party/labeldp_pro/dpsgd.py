@@ -380,10 +380,10 @@ def train_labeldp_pro(
             history.append(stats.summary(epoch, stats.steps, now - epoch_start))
             stats, epoch_start = _EpochStats(device), now
         if checkpointing is not None and _due(checkpointing, done, total_steps):
-            so_far = stats.summary(epoch, stats.steps, time.perf_counter() - epoch_start)
-            checkpointing.save(
-                _snapshot(model, optimizer, done, history, so_far if stats.steps else None)
-            )
+            so_far = None  # at an epoch's end: its summary is in the history
+            if stats.steps:
+                so_far = stats.summary(epoch, stats.steps, time.perf_counter() - epoch_start)
+            checkpointing.save(_snapshot(model, optimizer, done, history, so_far))
     return TrainingResult(model=model, accounting=record, history=history)
 
 

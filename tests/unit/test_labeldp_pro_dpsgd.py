@@ -374,6 +374,20 @@ def test_poll_stops_a_run_within_its_first_step(denoiser: str, physical_batch_si
     assert reports == [] and len(calls) == 5  # stopped inside step 1
 
 
+def test_a_checkpoint_at_an_epoch_s_end_has_no_epoch_under_way() -> None:
+    """Saved right after an epoch's summary, the epoch under way has no step yet:
+    summarizing it divided by zero, and every training whose checkpoints fell on
+    epoch ends (one step an epoch: every small dataset) failed after its charge."""
+    x, y = _blobs(200, seed=22)
+    saved: list[Checkpoint] = []
+    result = train_labeldp_pro(
+        _linear(), x, y, config=_config(epochs=3), generator=torch.Generator().manual_seed(3),
+        checkpointing=Checkpointing(every_steps=5, save=saved.append),
+    )  # fmt: skip
+    assert [c.step for c in saved] == [5, 10] and all(c.partial is None for c in saved)
+    assert [h.steps for h in result.history] == [5, 5, 5]
+
+
 def test_a_checkpoint_file_keeps_the_epoch_under_way(tmp_path: Path) -> None:
     """The worker resumes from the file, not the object: the epoch under way must
     survive the round trip (a file from before it had none: that reads as None)."""
