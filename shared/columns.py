@@ -82,12 +82,29 @@ def as_categories(column: Column, name: str) -> Column:
         or pa.types.is_null(dtype)
     ):
         raise ColumnTypeError(f"column {name!r} cannot be a category: its type is {dtype}")
-    text = _whole_numbers(_cast(column, pa.string()))
+    floats = pa.types.is_floating(dtype)
+    text = _whole_numbers(_floats_as_text(column) if floats else _cast(column, pa.string()))
     if not _is_text(dtype):
         return text
     text = pc.if_else(pc.is_in(text, value_set=_TRUE_SPELLINGS), "true", text)
     spelled: Column = pc.if_else(pc.is_in(text, value_set=_FALSE_SPELLINGS), "false", text)
     return spelled
+
+
+#: Floats of at most this magnitude hold whole numbers exactly (2⁵³).
+_EXACT_INTEGERS = float(2**53)
+
+
+def _floats_as_text(column: Column) -> Column:
+    """A float column as text, a whole number within 2⁵³ as the integer it is:
+    Arrow writes a float of 10¹⁰ or more in exponent form (``1.2345678901e+10``),
+    which no CSV or JSON integer spells."""
+    finite = pc.is_finite(column)
+    exact = pc.and_(pc.and_(finite, pc.equal(column, pc.floor(column))),
+                    pc.less_equal(pc.abs(column), _EXACT_INTEGERS))  # fmt: skip
+    whole = _cast(_cast(pc.if_else(exact, column, None), pa.int64()), pa.string())
+    text: Column = pc.if_else(pc.is_null(whole), _cast(column, pa.string()), whole)
+    return text
 
 
 def _whole_numbers(text: Column) -> Column:

@@ -96,20 +96,21 @@ def test_a_whole_number_float_is_one_category_by_parquet_csv_and_json(tmp_path: 
     """Categories from a Parquet float column were stored as Arrow writes them ("2",
     "-0"), a pandas CSV of the same column says "2.0": a model trained from one put
     every row of the other in its unknown bucket and answered 200, one constant."""
-    values = [-2.0, -0.0, 0.0, 2.0, 2.5]
+    values = [-2.0, -0.0, 0.0, 2.0, 2.5, 12345678901.0]  # the last: "1.2345678901e+10"
     trained = tmp_path / "features.parquet"
-    pq.write_table(pa.table({"example_id": [f"e{i}" for i in range(5)], "g": values}), trained)
+    pq.write_table(pa.table({"example_id": [f"e{i}" for i in range(6)], "g": values}), trained)
     stored = ingest(trained, filename="features.parquet",
                     schema=SchemaDeclaration(categorical=["g"]))  # fmt: skip
     preprocessing = fit_preprocessing(stored.table, stored.roles)
-    assert sorted(preprocessing.vocabularies[0]) == ["-2", "0", "2", "2.5"]  # −0 is 0
-    csv = tmp_path / "rows.csv"
-    csv.write_text("g\n-2.0\n-0.0\n0.0\n2.0\n2.5\n")  # as pandas' to_csv writes them
+    assert sorted(preprocessing.vocabularies[0]) == ["-2", "0", "12345678901", "2", "2.5"]
+    csv = tmp_path / "rows.csv"  # as pandas' to_csv writes them
+    csv.write_text("g\n-2.0\n-0.0\n0.0\n2.0\n2.5\n12345678901.0\n")
     by_file = read_table(csv, filename="rows.csv", text_columns=["g"])
     by_json = _rows_table([{"g": v} for v in values])
+    by_json_ints = _rows_table([{"g": int(v) if v.is_integer() else v} for v in values])
     expected = preprocessing.transform(stored.table).categorical[:, 0].tolist()
     assert 0 not in expected and expected[1] == expected[2]
-    for rows in (by_file, by_json):
+    for rows in (by_file, by_json, by_json_ints):
         assert preprocessing.transform(rows).categorical[:, 0].tolist() == expected
     # Text that only looks like a number keeps its spelling: a zip code, a version.
     assert as_categories(pa.array(["02139", "1.10", "1.1"]), "g").to_pylist() == [
