@@ -207,12 +207,6 @@ def ingest(path: Path, *, filename: str | None, schema: SchemaDeclaration | None
         raise _bad_file("the file has no rows")
     if len(set(names)) != len(names):
         raise _bad_file("duplicate column names", {"columns": names})
-    if TARGET in names:
-        # Refused here, not by the job that would join it to labels and fail.
-        raise _bad_file(
-            f"a feature column may not be named {TARGET!r}",
-            [{"column": TARGET, "reason": "reserved for the received label"}],
-        )
 
     problems: list[dict[str, Any]] = []
     if schema is not None:
@@ -231,6 +225,13 @@ def ingest(path: Path, *, filename: str | None, schema: SchemaDeclaration | None
         }
     else:
         roles = {c: _infer_role(raw.schema.field(c).type) for c in names if c != ID}
+    if roles.get(TARGET, "ignored") != "ignored":
+        # Refused here, not by every job that would join it to labels and fail (a
+        # column the declared schema leaves out is not stored, and clashes with none).
+        raise _bad_file(
+            f"a feature column may not be named {TARGET!r}",
+            [{"column": TARGET, "reason": "reserved for the received label"}],
+        )
 
     try:
         ids = as_keys(raw.column(ID), ID)

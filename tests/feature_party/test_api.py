@@ -176,6 +176,11 @@ def test_times_are_answered_in_utc(client: httpx.Client) -> None:
             None,
             {"column": "__labeldp_target", "reason": "reserved for the received label"},
         ),
+        (  # declared: refused as well (left out of a declared schema, it is not stored)
+            "example_id,__labeldp_target,a\n1,2,3\n",
+            {"numeric": ["a", "__labeldp_target"]},
+            {"column": "__labeldp_target", "reason": "reserved for the received label"},
+        ),
     ],
 )
 def test_bad_feature_files_are_422_with_reasons(
@@ -1201,6 +1206,10 @@ def test_declared_categorical_csv_columns_are_read_as_text(tmp_path: Path) -> No
     schema = SchemaDeclaration(numeric=["age"], categorical=["zip"])
     table = ingest(path, filename="features.csv", schema=schema).table
     assert table.column("zip").to_pylist() == ["01234", "00042"]  # not 1234 and 42
+    # The received label's column name, left out of the schema, is not stored.
+    path.write_text("example_id,zip,age,__labeldp_target\na,01234,1,7\n")
+    stored = ingest(path, filename="features.csv", schema=schema).table
+    assert "__labeldp_target" not in stored.column_names
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a worker without GPUs")
