@@ -454,7 +454,11 @@ def continuous_staircase(delta: float, epsilon: float, gamma: float) -> Staircas
 
 
 def discrete_staircase(delta: int, epsilon: float, r: int) -> StaircaseNoise:
-    """Definition 24 with integer period Δ, ``1 ≤ r ≤ Δ`` and ``b = e^{−ε}``."""
+    """Definition 24 with integer period Δ, ``1 ≤ r ≤ Δ`` and ``b = e^{−ε}``.
+
+    Its step coin is counted here, not first when it samples: a coin no count
+    realizes is refused by the fit, so a preview says so as a release does."""
+    rare_draws(delta - r, r, epsilon)
     return StaircaseNoise(float(delta), float(r), epsilon, True)
 
 

@@ -195,6 +195,8 @@ def _uniform_fit_problem(
         # for the staircase at ε ≳ 37) is refused here, before ε is reserved. The
         # draws are discarded; no seed is fixed outside tests (DESIGN.md §3.5).
         mech.sample(grid, rng=np.random.default_rng())
+    except MechanismError as exc:
+        return str(exc)  # it says why (a coin: "raise ε")
     except Exception as exc:
         return f"{mechanism} cannot sample at this ε on this domain ({type(exc).__name__})"
     return None
