@@ -243,3 +243,13 @@ def test_unclipped_noise_that_would_reach_the_window_is_refused(
     clipped = fit(name, epsilon=epsilon, values=values, prior=prior, domain=(0.0, 9094.0),
                   params={**params, "clip": True})  # fmt: skip
     assert clipped.epsilon == epsilon
+
+
+def test_a_staircase_step_no_count_realizes_is_refused_by_the_fit() -> None:
+    """The step coin was counted first when sampling: a preview (which does not
+    sample) described a mechanism a release would refuse."""
+    top = 10**15 + 7
+    with pytest.raises(MechanismError, match="raise ε"):
+        fit("staircase", epsilon=1e-6, values=np.array([0.0, float(top)]),
+            prior=np.array([0.5, 0.5]), domain=(0.0, float(top)),
+            params={"discrete": True, "clip": True, "r": 1})  # fmt: skip
