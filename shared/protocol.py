@@ -21,6 +21,14 @@ PrivacyAmount = Annotated[
     Decimal, PlainSerializer(lambda d: float(d), return_type=float, when_used="json")
 ]
 
+
+def amount_text(amount: Decimal | None) -> str | None:
+    """An amount as exact text, one spelling a value (``0.10`` and ``0.1`` alike,
+    ``10``, not ``1E+1``): what a request's fingerprint compares. Its JSON number
+    is a double, which two amounts the ledger tells apart can share."""
+    return None if amount is None else format(amount.normalize(), "f")
+
+
 #: The labels party's ledger counts ε in units of 10⁻¹² and δ in units of 10⁻¹⁸,
 #: at most 2⁶² units: an amount it cannot hold exactly is refused, never rounded.
 EPSILON_SCALE = 10**12

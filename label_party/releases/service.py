@@ -76,7 +76,7 @@ from label_party.storage import labels_path, partition_path
 from shared.errors import CAPACITY_ERRNOS
 from shared.logging import exception_fields
 from shared.parquet import publish_by_hash, temp_path
-from shared.protocol import MechanismDescription, ReleaseCreate, ReleaseRead, Task
+from shared.protocol import MechanismDescription, ReleaseCreate, ReleaseRead, Task, amount_text
 
 logger = logging.getLogger("label_party.releases")
 
@@ -98,14 +98,16 @@ def fingerprints(body: ReleaseCreate) -> tuple[str, str]:
     """The request's digest for its idempotency key, and the digest of it as sent,
     which releases made before 2026-11-25 stored.
 
-    The first is of the request as the ledger reads it: its parts as a set and its
-    loss named, so that a retry listing the parts in another order (as a manifest
-    lists them) or naming the default loss is the same request, not a conflict."""
+    The first is of the request as the ledger reads it: its amounts exact, its parts
+    as a set and its loss named, so that a retry listing the parts in another order
+    (as a manifest lists them) or naming the default loss is the same request, not a
+    conflict, and two ε that one double stands for are not."""
     data = body.model_dump(mode="json", exclude={"idempotency_key"})
     as_sent = hashlib.sha256(audit.canonical(data).encode()).hexdigest()
     parts = normalize_parts(body.parts)
     data["parts"] = None if parts is None else list(parts)
     data["mechanism"]["loss"] = _loss(body)
+    data["epsilon"], data["prior_epsilon"] = map(amount_text, (body.epsilon, body.prior_epsilon))
     return hashlib.sha256(audit.canonical(data).encode()).hexdigest(), as_sent
 
 

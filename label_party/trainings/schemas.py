@@ -92,8 +92,9 @@ class TrainingSpec(BaseModel):
             )
         # Null is the resolved spec's word for "not read", so that it can be sent
         # back; for a field that is read, null means its default, as for the others.
+        # Either way the spec is then the one without it (its fingerprint too).
         for name in ("image_shape", "hidden", "alt_batch_size"):
-            if getattr(self, name) is None and name not in unread:
+            if getattr(self, name) is None:
                 setattr(
                     self, name, type(self).model_fields[name].get_default(call_default_factory=True)
                 )

@@ -78,7 +78,7 @@ from shared.columns import ColumnTypeError, as_keys, as_numbers
 from shared.jsonl import TooDeepError, read_json_lines
 from shared.lease_queue import Status
 from shared.parquet import ParquetTooLargeError, publish_by_hash, read_parquet_bounded, temp_path
-from shared.protocol import DELTA_SCALE
+from shared.protocol import DELTA_SCALE, amount_text
 
 logger = logging.getLogger("label_party.trainings")
 
@@ -269,9 +269,18 @@ def _plan(resolved: dict[str, Any], n: int, max_steps: int) -> dict[str, Any]:
     return plan.to_dict()
 
 
-def fingerprint(spec: TrainingSpec, upload_sha256: str) -> str:
+def fingerprints(spec: TrainingSpec, upload_sha256: str) -> tuple[str, str]:
+    """The request's digest for its idempotency key (its amounts exact:
+    :func:`shared.protocol.amount_text`), and the one trainings accepted before
+    2026-11-25 stored (amounts as JSON doubles)."""
+
+    def digest(data: dict[str, Any]) -> str:
+        return hashlib.sha256(audit.canonical([data, upload_sha256]).encode()).hexdigest()
+
     data = spec.model_dump(mode="json", exclude={"idempotency_key"})
-    return hashlib.sha256(audit.canonical([data, upload_sha256]).encode()).hexdigest()
+    legacy = digest(data)
+    data["epsilon"], data["delta"] = map(amount_text, (spec.epsilon, spec.delta))
+    return digest(data), legacy
 
 
 def upload_digest(source: IO[bytes]) -> str:
@@ -331,13 +340,17 @@ LABELS_CHANGED = (
 
 
 def _replay(
-    session: Session, principal: Principal, dataset_id: str, spec: TrainingSpec, digest: str
+    session: Session,
+    principal: Principal,
+    dataset_id: str,
+    spec: TrainingSpec,
+    digests: tuple[str, str],
 ) -> Training | None:
     if spec.idempotency_key is None:
         return None
     existing = repository.by_idempotency_key(session, dataset_id, spec.idempotency_key)
     if existing is not None and (
-        existing.request_fingerprint != digest or existing.created_by != principal.id
+        existing.request_fingerprint not in digests or existing.created_by != principal.id
     ):
         raise IdempotencyConflictError("this idempotency key was used for a different request")
     return existing
@@ -363,14 +376,14 @@ def create(
     frozen once a training exists, so only a first training can race an upload).
     """
     require(principal, "admin", "client")
-    digest = fingerprint(spec, upload_digest(source))
+    digests = fingerprints(spec, upload_digest(source))
     # What the spec alone says it costs (a default δ needs the features' n): a
     # request the budget cannot afford is refused before the seconds of reading
     # and planning, as a release is.
     least = Cost(epsilon_units(spec.epsilon), _given_delta_units(spec), None)
     with transaction(unlocked) as reader:
         dataset = visible_dataset(reader, principal, dataset_id)
-        replay = _replay(reader, principal, dataset.id, spec, digest)
+        replay = _replay(reader, principal, dataset.id, spec, digests)
         hopeless = replay is None and not ledger.affordable(reader, dataset, least)
     if hopeless:  # refused and audited under the lock (it may have become affordable)
         locked = ledger.lock_dataset(session, dataset.id)
@@ -381,7 +394,7 @@ def create(
     draft = None if replay else _draft(settings, dataset, spec, source, fmt)
     dataset = ledger.lock_dataset(session, dataset.id)
     confirm(session, principal)
-    existing = _replay(session, principal, dataset.id, spec, digest)
+    existing = _replay(session, principal, dataset.id, spec, digests)
     if existing is not None:
         return existing, False
     # A replay seen unlocked is seen again under the lock (trainings are never deleted).
@@ -391,7 +404,7 @@ def create(
     cost = Cost(epsilon_units(spec.epsilon), draft.delta_units, None)
     entry = ledger.reserve(session, principal, dataset, cost, what="training")
     sha = _store_features(settings, draft.table)
-    training = _insert(session, principal, dataset, entry, draft, sha, spec, digest)
+    training = _insert(session, principal, dataset, entry, draft, sha, spec, digests[0])
     logger.info(
         "training accepted",
         extra={"fields": {"training_id": training.id, "dataset_id": dataset.id}},

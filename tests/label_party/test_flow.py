@@ -204,7 +204,21 @@ def test_a_retry_replays_whatever_order_its_parts_are_listed_in(server: Server) 
     for other in ({"parts": ["a"]}, {"parts": ["a", "b"], "mechanism": {"name": "staircase"}}):
         r = release(admin, ds, 0.1, idempotency_key="k", **other)
         assert r.status_code == 409 and r.json()["error"] == "idempotency_conflict", other
+    assert release(admin, ds, "0.10", idempotency_key="k", parts=["a", "b"]).status_code == 200
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0.1
+
+
+def test_a_key_tells_apart_two_epsilons_that_one_double_stands_for(server: Server) -> None:
+    """The fingerprint hashed ε as a JSON double: 100000.000000000003 replayed the
+    release charged 100000.000000000001, though the ledger tells them apart."""
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=300_000)
+    assert upload_labels(admin, ds, ["a", "b"], [0.0, 1.0]).status_code == 200
+    first = release(admin, ds, "100000.000000000001", idempotency_key="k")
+    assert first.status_code == 201, first.text
+    other = release(admin, ds, "100000.000000000003", idempotency_key="k")
+    assert other.status_code == 409 and other.json()["error"] == "idempotency_conflict"
+    assert release(admin, ds, "100000.000000000001", idempotency_key="k").status_code == 200
 
 
 def test_classification_releases(server: Server) -> None:

@@ -514,6 +514,11 @@ def test_a_field_the_denoiser_or_model_does_not_read_is_refused_not_echoed(
     r = submit(client, dataset_id, tabular(ids, labels), **again)
     assert r.status_code == 201, r.text
     assert {k: r.json()["spec"][k] for k in again} == again
+    # ... and a retry with its key is the same request, with those nulls or without.
+    keyed = submit(client, dataset_id, tabular(ids, labels), **noop, idempotency_key="t")
+    retry = {**noop, "idempotency_key": "t", "alt_batch_size": None, "smoothing": None}
+    replay = submit(client, dataset_id, tabular(ids, labels), **retry)
+    assert replay.status_code == 200 and replay.json()["id"] == keyed.json()["id"], replay.text
     r = submit(client, dataset_id, tabular(ids, labels), **{**noop, "denoiser": "alt-conv"})
     resolved = r.json()["spec"]
     assert resolved["alt_batch_size"] == 64 and resolved["smoothing"] == 0.75, resolved
