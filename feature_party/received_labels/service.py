@@ -178,13 +178,18 @@ def request_fingerprint(request: ReceivedLabelsCreate) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def _forget(session: Session, fingerprint: str | None) -> None:
+def _forget(session: Session, fingerprint: str | None, request: ReceivedLabelsCreate) -> None:
     """Drop a key made here once its request is settled (its release stored, or a
     final answer given: :data:`ANSWERED`): the same request again is a new one, at
-    a new cost, as with a key of the caller's."""
-    if fingerprint is not None:
+    a new cost, as with a key of the caller's. Only this request's key: by then an
+    identical request may have made the next one, which an answer lost to it
+    must still find when it is retried."""
+    if fingerprint is not None and request.release is not None:
         session.execute(
-            delete(PendingReleaseKey).where(PendingReleaseKey.fingerprint == fingerprint)
+            delete(PendingReleaseKey).where(
+                PendingReleaseKey.fingerprint == fingerprint,
+                PendingReleaseKey.idempotency_key == request.release.idempotency_key,
+            )
         )
 
 
@@ -360,12 +365,12 @@ def receive(
                 manifest = _fetch(client, request, tmp)
             except FeaturePartyError as exc:
                 if exc.code in ANSWERED:  # the caller has the answer; a new request is new
-                    _forget(session, pending)
+                    _forget(session, pending, request)
                     session.commit()
                 raise
         known = _known(session, feature_set.id, request, manifest.id)
         if known is not None:  # a retry: no join to count again
-            _forget(session, pending)
+            _forget(session, pending, request)
             session.commit()
             return known, False
         try:
@@ -385,7 +390,7 @@ def receive(
     lock_name(session, f"receive-{feature_set.id}-{request.labels_party_url}-"
                        f"{request.dataset_id}-{manifest.id}")  # fmt: skip
     known = _known(session, feature_set.id, request, manifest.id)
-    _forget(session, pending)
+    _forget(session, pending, request)
     if known is not None:
         session.commit()
         return known, False

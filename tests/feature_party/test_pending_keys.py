@@ -93,3 +93,34 @@ def test_a_keyless_release_retried_after_a_crash_is_not_paid_twice(tmp_path: Pat
             fake.budget = fake.spent
             r = http.post("/v1/received-labels", headers=AUTH, json=body)
             assert r.json()["error"] == "budget_exceeded" and _pending(data_dir) == []
+
+
+def test_a_settled_request_forgets_only_its_own_key(tmp_path: Path) -> None:
+    """Three identical keyless requests: A and B share K1; A stores its labels and
+    drops K1; C makes K2 and its answer is lost; B, settling late, dropped the
+    fingerprint's row, which was C's K2 by then, so C's retry made K3 and paid
+    again (helper-68: 3 releases for 2)."""
+    from feature_party.db import migrate
+    from feature_party.received_labels import service as received
+    from feature_party.received_labels.schemas import ReceivedLabelsCreate
+
+    database = Database(f"sqlite:///{tmp_path / 'feature-party.db'}")
+    migrate(database.engine)
+    request = ReceivedLabelsCreate.model_validate({
+        "feature_set_id": "fs", "labels_party_url": "http://127.0.0.1:9", "token": TOKEN,
+        "dataset_id": "ds", "release": {"mechanism": {"name": "laplace"}, "epsilon": 1.0},
+    })  # fmt: skip
+    try:
+        with database.session() as session:
+            a, fingerprint = received._with_key(session, request)
+            b, _ = received._with_key(session, request)
+            assert a.release is not None and b == a  # one key for both: K1
+            received._forget(session, fingerprint, a)  # A stored its labels
+            session.commit()
+            c, _ = received._with_key(session, request)  # K2
+            assert c.release is not None and c.release.idempotency_key != a.release.idempotency_key
+            received._forget(session, fingerprint, b)  # B settles after C made K2
+            session.commit()
+    finally:
+        database.dispose()
+    assert _pending(tmp_path) == [c.release.idempotency_key]
