@@ -219,7 +219,10 @@ class LeaseQueue(Generic[RowT]):
         t = self._t
         now = self.now()
         exhausted = and_(self._lapsed(now), t.attempts >= max_attempts)
-        ids = list(self.session.scalars(select(t.id).where(exhausted).with_for_update()))
+        # A row locked by its worker (frozen mid-heartbeat) is skipped, not waited
+        # for: every other claim runs this first, and no job ran until it woke.
+        locked = select(t.id).where(exhausted).with_for_update(skip_locked=True)
+        ids = list(self.session.scalars(locked))
         if not ids:
             return []
         self.session.execute(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from feature_party.config import Settings
 from feature_party.db import Database, migrate
@@ -185,6 +186,39 @@ def test_workers_give_up_on_jobs_that_keep_killing_them(db: tuple[Database, Sett
     with database.session() as session:
         job = JobRepository(session).get(job_id)
         assert job.status == Status.FAILED and "stopped responding" in (job.error or "")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db", ["postgres"], indirect=True)
+def test_an_exhausted_job_whose_row_is_locked_stops_no_other_claim(
+    db: tuple[Database, Settings],
+) -> None:
+    """A worker frozen mid-heartbeat holds its job's row lock; on its last attempt
+    with its lease lapsed, every other worker's claim waited on that lock in
+    ``fail_exhausted`` and no job ran until the frozen one woke (helper-68)."""
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    frozen_id, waiting_id = add_jobs(database, fs, labels, 2, **TINY)
+    with database.session() as session:
+        job = session.get(Job, frozen_id)
+        assert job is not None
+        job.status, job.worker_id, job.attempts = Status.RUNNING, "frozen", 5
+        job.lease_expires_at = utcnow() - timedelta(seconds=1)
+    holder = Session(database.engine)
+    try:
+        holder.execute(select(Job).where(Job.id == frozen_id).with_for_update())  # the heartbeat
+        claimed: list[str | None] = []
+        worker = threading.Thread(
+            target=lambda: claimed.append(Worker(database, settings, worker_id="w").claim())
+        )
+        worker.start()
+        worker.join(timeout=20)
+        assert not worker.is_alive(), "the claim waited on the frozen worker's lock"
+        assert claimed == [waiting_id]
+    finally:
+        holder.rollback()
+        holder.close()
+        worker.join()
 
 
 def _clean_postgres(url: str, tmp_path: Path) -> tuple[Settings, Database]:
