@@ -14,6 +14,7 @@ from feature_party.db import Database, migrate
 from feature_party.deps import admin_only, require_admin
 from feature_party.errors import PayloadTooLargeError
 from feature_party.feature_sets.endpoints import router as feature_sets_router
+from feature_party.housekeeping import sweep_unnamed
 from feature_party.jobs import service as jobs_service
 from feature_party.jobs.endpoints import router as jobs_router
 from feature_party.models.endpoints import router as models_router
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
             migrate(database.engine)
         with database.session() as session:
             jobs_service.sweep_finished(session, settings.data_dir)
+            sweep_unnamed(session, settings.data_dir)
         app.state.database = database
         app.state.multistage = Drivers(database, settings)
         try:

@@ -635,6 +635,41 @@ def test_a_token_that_cannot_be_a_header_is_422_and_never_echoed(
     assert labels_party.spent == 0
 
 
+def test_start_up_sweeps_what_a_write_killed_before_its_row_left(
+    settings: Settings, client: httpx.Client
+) -> None:
+    """A feature set or a release is written, then its row commits: SIGKILLed
+    between the two, its file (73 MB for one upload) or its partial write was left
+    where rows name files, and nothing swept it (helper-68). Partial writes go;
+    complete files are set aside under orphans/; named and young files stay."""
+    named = upload(client, synthetic(20).features)
+    data = settings.data_dir
+    stale = {
+        "partial": data / "feature_sets" / "killed.tmp",
+        "complete": data / "feature_sets" / "killed.parquet",
+        "received": data / "received" / f"{'a' * 64}.parquet",
+        "received partial": data / "received" / f".{'b' * 64}.c.tmp",
+        "import partial": data / "models" / "imported" / f"{'c' * 64}.pt.1.part",
+    }
+    young = data / "received" / f"{'d' * 64}.parquet"
+    for path in (*stale.values(), young):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    hours_ago = time.time() - 2 * 3600
+    for path in stale.values():
+        os.utime(path, (hours_ago, hours_ago))
+    kept = [p for p in (data / "feature_sets").iterdir() if p.name.startswith(named["id"])]
+    for path in kept:  # the named feature set, old as it is, stays where it is
+        os.utime(path, (hours_ago, hours_ago))
+    with running_service(settings) as c:
+        assert c.get(f"/v1/feature-sets/{named['id']}", headers=AUTH).status_code == 200
+    assert not any(p.exists() for p in stale.values()) and young.exists()
+    assert all(p.exists() for p in kept) and kept
+    orphans = data / "orphans"
+    assert (orphans / "feature_sets" / "killed.parquet").exists()
+    assert (orphans / "received" / f"{'a' * 64}.parquet").exists()
+
+
 def test_start_up_sweeps_the_parts_a_killed_process_left(settings: Settings) -> None:
     """A download cut by SIGKILL left its ``.part`` in ``tmp/`` for good; a young
     file may be another process's, writing now, and stays."""
