@@ -91,12 +91,15 @@ def secure_generator() -> np.random.Generator:
     return np.random.default_rng(secrets.randbits(128))
 
 
-#: A mechanism's coins are integers below 2⁶²: a probability is realized as a whole
+#: A finite mechanism draws integers below 2⁶²: its law is an integer table over them.
+TABLE_BITS = 62
+TABLE_QUANTA = 1 << TABLE_BITS
+#: A mechanism's coins draw the same integers: a probability is realized as a whole
 #: number of 2⁻⁶² quanta, never as a float comparison with rounding in between.
 #: 2⁶², not a float's 2⁵³: at ε = 10⁻¹² (the ledger's unit) and K = 10⁵ classes the
 #: counts that keep both ratios of a coin within e^ε span about 92 quanta of 2⁻⁶²,
 #: and none of 2⁻⁵³ (:func:`rare_draws`).
-COIN_QUANTA = 1 << 62
+COIN_QUANTA = TABLE_QUANTA
 
 
 @lru_cache(maxsize=4096)
@@ -257,9 +260,6 @@ class Mechanism(ABC):
 DESCRIBED_MATRIX_MAX_ENTRIES = 250_000
 
 
-#: A finite mechanism draws integers below 2⁶²: its law is an integer table over them.
-TABLE_BITS = 62
-TABLE_QUANTA = 1 << TABLE_BITS
 #: Uniform mass mixed into each entry of a sampled matrix: the first tried, doubled
 #: until the table passes the exact ε check, while the mixed-in mass stays below
 #: ``MIXING_MOST`` (at a tiny ε the check's slack, γ(e^ε − 1)·2⁶², needs a larger γ).
