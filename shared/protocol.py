@@ -11,7 +11,7 @@ DESIGN.md §3.4) and JSON numbers on the wire.
 from __future__ import annotations
 
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
@@ -47,8 +47,15 @@ def ledger_units(amount: Decimal, scale: int, what: str) -> int:
         raise ValueError(f"{what} has more than {len(str(scale)) - 1} decimal places")
     units = int(scaled)
     if units > MAX_UNITS:
-        raise ValueError(f"{what} is too large: at most {Decimal(MAX_UNITS) / scale:f}")
+        raise ValueError(f"{what} is too large: at most {largest_amount(scale):f}")
     return units
+
+
+def largest_amount(scale: int) -> Decimal:
+    """The largest amount the ledger holds, floored to 6 decimal places, so that
+    the number stated in a refusal is accepted when sent back as a JSON double
+    (the exact 2⁶²/10¹² rounds up to one past it)."""
+    return (Decimal(MAX_UNITS) / scale).quantize(Decimal("0.000001"), rounding=ROUND_FLOOR)
 
 
 #: An id either party made (a UUID, its hex, a short name): at most 200 of
