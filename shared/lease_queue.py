@@ -35,10 +35,29 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, text, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-__all__ = ["LeaseQueue", "Status"]
+from shared.errors import ServiceError
+
+__all__ = ["LeaseQueue", "RowBusyError", "Status"]
+
+#: How long a cancel waits on Postgres for the row lock a worker holds while it
+#: writes (a heartbeat, its result): milliseconds for a live worker; a frozen
+#: one held it until it was killed, and the user's DELETE with it.
+CANCEL_LOCK_TIMEOUT_MS = 5000
+
+#: Postgres's SQLSTATE for a lock not had within ``lock_timeout``.
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+class RowBusyError(ServiceError):
+    """A cancel found its row locked by its worker past the wait: retry."""
+
+    status_code = 503
+    code = "row_busy"
+    retry_after = 5
 
 
 class Status(StrEnum):
@@ -239,13 +258,29 @@ class LeaseQueue(Generic[RowT]):
         return ids
 
     def cancel(self, row_id: str) -> bool:
-        """Cancel a queued or running row; False if it is already final."""
+        """Cancel a queued or running row; False if it is already final;
+        :class:`RowBusyError` if its worker holds its lock past
+        :data:`CANCEL_LOCK_TIMEOUT_MS` (Postgres; the caller's transaction is
+        then aborted and must be rolled back)."""
         t = self._t
-        return (
-            self._rowcount(
+        bounded = self.session.get_bind().dialect.name == "postgresql"
+        if bounded:
+            # SET LOCAL: the wait bounds this transaction alone, not the pooled
+            # connection, and is lifted after the UPDATE for what the caller does next.
+            self.session.execute(text(f"SET LOCAL lock_timeout = {CANCEL_LOCK_TIMEOUT_MS}"))
+        try:
+            cancelled = self._rowcount(
                 update(t)
                 .where(t.id == row_id, t.status.in_([Status.QUEUED, Status.RUNNING]))
                 .values(status=Status.CANCELLED, finished_at=self.now(), lease_expires_at=None)
             )
-            == 1
-        )
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            raise RowBusyError(
+                f"{row_id} is being written by its worker, which holds it locked; retry shortly",
+                {"id": row_id},
+            ) from exc
+        if bounded:
+            self.session.execute(text("SET LOCAL lock_timeout = DEFAULT"))
+        return cancelled == 1

@@ -23,9 +23,17 @@ from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.status import Status
 from feature_party.jobs.worker import Worker
 from feature_party.orm import Job, Model
+from shared import lease_queue
 from shared.lease_queue import LeaseQueue
 from shared.timestamps import utcnow
-from tests.feature_party.conftest import ADMIN, add_jobs, make_settings, seed_inputs
+from tests.feature_party.conftest import (
+    ADMIN,
+    AUTH,
+    add_jobs,
+    make_settings,
+    running_service,
+    seed_inputs,
+)
 from tests.file_limits import run_under_limit
 
 TINY = {"epochs": 1, "batch_size": 128, "hidden": [8], "validation_fraction": 0.0}
@@ -219,6 +227,37 @@ def test_an_exhausted_job_whose_row_is_locked_stops_no_other_claim(
         holder.rollback()
         holder.close()
         worker.join()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db", ["postgres"], indirect=True)
+def test_a_cancel_does_not_wait_for_a_frozen_worker_s_row_lock(
+    db: tuple[Database, Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DELETE /v1/jobs/{id}`` waited on the row lock of a worker frozen while it
+    wrote its heartbeat, for as long as the worker stayed frozen; now it answers
+    503 ``row_busy`` with ``Retry-After``, changes nothing, and a retry once the
+    lock is gone cancels."""
+    monkeypatch.setattr(lease_queue, "CANCEL_LOCK_TIMEOUT_MS", 300)
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    [job_id] = add_jobs(database, fs, labels, 1, **TINY)
+    with database.session() as session:
+        JobRepository(session).claim(worker_id="frozen", lease_seconds=60)
+    holder = Session(database.engine)
+    with running_service(settings) as client:
+        client.headers.update(AUTH)
+        try:
+            holder.execute(select(Job).where(Job.id == job_id).with_for_update())
+            busy = client.delete(f"/v1/jobs/{job_id}", timeout=20)
+            assert busy.status_code == 503, busy.text
+            assert busy.json()["error"] == "row_busy" and busy.headers["retry-after"] == "5"
+            assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "running"
+        finally:
+            holder.rollback()
+            holder.close()
+        cancelled = client.delete(f"/v1/jobs/{job_id}")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
 
 
 def _clean_postgres(url: str, tmp_path: Path) -> tuple[Settings, Database]:
