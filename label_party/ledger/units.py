@@ -20,8 +20,8 @@ def _to_units(amount: Decimal, scale: int, what: str) -> int:
         raise InvalidRequestError(str(exc)) from None
 
 
-def epsilon_units(amount: Decimal) -> int:
-    return _to_units(amount, EPSILON_SCALE, "epsilon")
+def epsilon_units(amount: Decimal, what: str = "epsilon") -> int:
+    return _to_units(amount, EPSILON_SCALE, what)
 
 
 def delta_units(amount: Decimal) -> int:

@@ -130,6 +130,10 @@ def _plan(body: ReleaseCreate, dataset: Dataset) -> ReleasePlan:
         domain=parse_domain(dataset.task, dataset.label_domain),
     )
     check_plan(plan, dataset.task)
+    if body.prior_epsilon is not None:
+        # Before anything is reserved: checked when the release row was written, it
+        # came after the labels were randomized and their file published (helper-69).
+        epsilon_units(body.prior_epsilon, "prior_epsilon")
     return plan
 
 

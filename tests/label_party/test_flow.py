@@ -393,6 +393,21 @@ def test_non_finite_and_huge_amounts_say_what_is_wrong(server: Server) -> None:
     assert r.status_code == 201, r.text
 
 
+def test_a_prior_epsilon_the_ledger_cannot_hold_is_refused_before_any_label_is_read(
+    server: Server,
+) -> None:
+    """A ``prior_epsilon`` with 13 decimals was checked when the release row was
+    written: after the labels were randomized and their file published, so each
+    such request left a label-derived file behind for free (helper-69)."""
+    admin = server.client()
+    ds = create_dataset(admin, domain={"min": 0, "max": 4, "grid_size": 5})
+    assert upload_labels(admin, ds, ["a", "b", "c"], [0.0, 2.0, 4.0]).status_code == 200
+    r = release(admin, ds, "1", mechanism={"name": "rr-on-bins"}, prior_epsilon="0.1000000000001")
+    assert list(server.settings.releases_dir.glob("*")) == []
+    assert r.status_code == 422 and "prior_epsilon has more than 12" in r.json()["message"], r.text
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+
+
 def test_a_domain_whose_noise_overflows_a_float_is_refused_free(server: Server) -> None:
     """[−1.7e308, 1.7e308] passed (finite ends) and its releases were charged and
     all ±inf/NaN; a finite width whose noise at a small ε overflows is refused
