@@ -54,7 +54,7 @@ bits (a reviewer ruled a label out for certain in 14–38 % of draws on ``[0, 1]
 so the continuous mechanisms randomize on the label-independent lattice of
 :mod:`~label_party.mechanisms.lattice` and release ``lo + h·j``, a function of the
 noisy integer ``j`` alone. Integer noise (lattice and ``discrete=true``) draws its
-geometric variables digit by digit against 64-bit integers, without the holes of a
+geometric variables digit by digit against 128-bit integers, without the holes of a
 float-inverted geometric's tail.
 """
 

@@ -4,6 +4,8 @@ lattice (Mironov, CCS 2012; a reviewer's reproduction below)."""
 from __future__ import annotations
 
 import math
+from decimal import Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -79,6 +81,60 @@ def test_a_large_rate_keeps_its_rare_nonzero_draws(monkeypatch: pytest.MonkeyPat
         draws = two_sided_geometric(rate, 1_000, np.random.default_rng(SEED))
         assert np.all((draws != 0) == nonzero), word
         assert np.all(np.abs(draws) <= 1)  # the digits' coins: far rarer still
+
+
+def _realized_discrete_laplace(rate: float, k: int) -> Fraction:
+    """``P(K = k)`` as the sampler realizes it, exactly, from its coin counts."""
+    quanta = lattice.COIN_QUANTA
+    count, zero_is_rare = lattice.zero_count(rate)
+    p_zero = Fraction(count, quanta) if zero_is_rare else 1 - Fraction(count, quanta)
+    if k == 0:
+        return p_zero
+    g = abs(k) - 1
+    digits = lattice.digit_counts(rate)
+    if g >> len(digits):
+        return Fraction(0)
+    p_g = Fraction(1)
+    for i, c in enumerate(digits):
+        p_g *= Fraction(c, quanta) if (g >> i) & 1 else 1 - Fraction(c, quanta)
+    return (1 - p_zero) * p_g / 2
+
+
+@pytest.mark.parametrize(
+    "rate",
+    [1e-12 / LATTICE_STEPS, 1e-8 / LATTICE_STEPS, 1 / LATTICE_STEPS, 0.4, 20.0, 25.0],
+)
+def test_the_realized_discrete_laplace_steps_by_e_to_the_rate(rate: float) -> None:
+    """Neighbouring outputs of the realized law differ by ``e^rate`` to 10⁻²⁰, the
+    zero included, wherever they are likelier than 2⁻⁶⁴ (a coin of probability p
+    is off by 2⁻¹²⁸/p). With 64-bit coins of float probabilities the zero was off by
+    2⁻⁶⁴/P(K = 0): at ε = 10⁻⁸ on the lattice the realized loss between K = 0 and
+    K = 1 was 63 ε, and at rate 20 the ratio was e^20·(1 + 9·10⁻¹²) (helper-69)."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        step = Decimal(rate).exp()
+        for k in (0, 1, 2, 3, 7, 8, 1023, 1024):
+            here, there = (
+                _realized_discrete_laplace(rate, k),
+                _realized_discrete_laplace(rate, k + 1),
+            )
+            if there < Fraction(1, 1 << 64):
+                break
+            ratio = Decimal(here.numerator) / Decimal(here.denominator)
+            ratio /= Decimal(there.numerator) / Decimal(there.denominator)
+            assert abs(ratio / step - 1) < Decimal("1e-20"), (rate, k, ratio / step - 1)
+
+
+def test_a_coin_whose_first_word_ties_is_decided_by_the_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A count of 2¹²⁸ draws is compared in two words: the second is drawn only
+    where the first equals the count's high word."""
+    count = (5 << 64) + 1000
+    streams = iter([np.array([4, 5, 5, 6], np.uint64), np.array([999, 1000], np.uint64)])
+    monkeypatch.setattr(lattice, "_words", lambda n, rng: next(streams)[:n])
+    got = lattice.coins(count, 4, np.random.default_rng(SEED))
+    assert got.tolist() == [True, True, False, False]
 
 
 def _porous(outputs: np.ndarray) -> float:
