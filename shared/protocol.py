@@ -10,6 +10,7 @@ DESIGN.md §3.4) and JSON numbers on the wire.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from decimal import ROUND_FLOOR, Decimal
 from typing import Annotated, Any, Literal
@@ -27,6 +28,15 @@ def amount_text(amount: Decimal | None) -> str | None:
     ``10``, not ``1E+1``): what a request's fingerprint compares. Its JSON number
     is a double, which two amounts the ledger tells apart can share."""
     return None if amount is None else format(amount.normalize(), "f")
+
+
+def float_below(amount: Decimal) -> float:
+    """The largest double not above ``amount``: what a mechanism runs at, so that it
+    never uses more ε than the ledger charged (``float`` rounds to the nearest
+    double, up half the time: at ε = 19.900000004948 randomized response kept its
+    label e^ε·(1 + 7·10⁻¹⁶) times as often as the charge allowed; helper-69)."""
+    nearest = float(amount)
+    return math.nextafter(nearest, -math.inf) if Decimal(nearest) > amount else nearest
 
 
 #: The labels party's ledger counts ε in units of 10⁻¹² and δ in units of 10⁻¹⁸,

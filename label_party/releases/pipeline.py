@@ -54,7 +54,7 @@ from label_party.priors import (
     laplace_histogram,
 )
 from label_party.storage import ROW_GROUP, label_batches
-from shared.protocol import EPSILON_SCALE
+from shared.protocol import EPSILON_SCALE, float_below
 
 #: Options no request may set: randomness comes from the OS (DESIGN.md §3.5).
 SEED_OPTIONS = frozenset({"seed", "rng", "random_state", "random_seed"})
@@ -181,7 +181,7 @@ def _uniform_fit_problem(
     try:
         mech = fit(
             mechanism,
-            epsilon=float(epsilon),
+            epsilon=float_below(Decimal(epsilon)),
             values=grid,
             prior=np.full(grid.size, 1.0 / grid.size),
             loss=loss,
@@ -287,7 +287,7 @@ def randomize(
     )
     mech = fit(
         plan.mechanism,
-        epsilon=float(plan.epsilon - prior_eps),
+        epsilon=float_below(plan.epsilon - prior_eps),
         values=grid,
         prior=prior,
         loss=plan.loss,
@@ -370,7 +370,7 @@ def randomize_with_example_priors(
     if priors.kind == "groups":
         assert priors.group_names is not None
         prior_eps = prior_split(plan, k * len(priors.group_names), labels.size)
-    epsilon = float(plan.epsilon - prior_eps)
+    epsilon = float_below(plan.epsilon - prior_eps)
     check_epsilon(epsilon)
     scope = _ScopePriors(priors, rows, epsilon)
     if priors.kind == "groups":

@@ -46,6 +46,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 
+def below_charged(amount: float) -> float:
+    """A stored spec's ε or δ as the accountant targets it: the double just below.
+    The spec holds the double nearest the Decimal the ledger charged, which is
+    above it half the time; calibrating to it could overshoot the charge by an
+    ulp (helper-69)."""
+    return math.nextafter(float(amount), 0.0)
+
+
 class InfeasiblePlanError(ValueError):
     """The spec's (ε, δ, epochs, batch size, denoiser) cannot be trained as asked.
 
@@ -99,7 +107,7 @@ def noise_plan(
 
     n = int(num_examples)
     batch = int(spec["expected_batch_size"])
-    epsilon, delta = float(spec["epsilon"]), float(spec["delta"])
+    epsilon, delta = below_charged(spec["epsilon"]), below_charged(spec["delta"])
     if not 1 <= batch <= n:
         raise InfeasiblePlanError(
             f"expected_batch_size must be between 1 and the {n} labelled examples "

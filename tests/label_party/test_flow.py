@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,14 @@ def test_classification_releases(server: Server) -> None:
     assert r.json()["mechanism"]["outputs"] == [0, 1, 2] and r.json()["mechanism"]["matrix"] is None
     assert r.json()["prior_epsilon"] == 0.25 and r.json()["mechanism"]["epsilon"] == 0.75
     assert r.json()["task"] == "classification"
+    # A mechanism runs at the double not above its charge: float("19.900000004948")
+    # is above it, and randomized response ran at it (helper-69).
+    wide = create_dataset(admin, task="classification", domain={"num_classes": 3},
+                          epsilon_budget=20)  # fmt: skip
+    assert upload_labels(admin, wide, ids, [i % 3 for i in range(600)]).status_code == 200
+    r = release(admin, wide, "19.900000004948", mechanism={"name": "rr"})
+    assert r.status_code == 201, r.text
+    assert Fraction(r.json()["mechanism"]["epsilon"]) <= Fraction("19.900000004948")
     wrong = release(admin, ds, 1.0, mechanism={"name": "laplace"})
     assert wrong.status_code == 422
     bad = upload_labels(
