@@ -28,7 +28,7 @@ from feature_party.cli_client import (
 )
 from feature_party.client import path_segment
 from feature_party.config import Settings
-from shared.cli_errors import CommandError
+from shared.cli_errors import CommandError, amount_argument
 from shared.logging import configure_logging
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.startup import StartupError
@@ -156,7 +156,7 @@ def _register_multistage(sub: argparse._SubParsersAction[argparse.ArgumentParser
     start.add_argument("--feature-set", required=True, help="feature set id")
     start.add_argument("--labels-party-url", required=True, help="the labels party's base URL")
     start.add_argument("--dataset", required=True, help="dataset id at the labels party")
-    start.add_argument("--epsilon", type=float, required=True, help="ε per example")
+    start.add_argument("--epsilon", type=amount_argument, required=True, help="ε per example")
     start.add_argument(
         "--stages", type=int,
         help="T, 1 to 10 (default: one per --fractions share, else 2 with a 40/60 split)",

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from feature_party.client import path_segment
-from shared.cli_errors import CommandError, detail_text, refusal, unreachable
+from shared.cli_errors import CommandError, amount_argument, detail_text, refusal, unreachable
 from shared.pagination import every_row
 from shared.spending import command_key
 from shared.tokens import admin_token_problem
@@ -240,8 +240,10 @@ def register_labels(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     receive.add_argument("--release", help="an existing release's id (free)")
     receive.add_argument("--mechanism", help="a new release's mechanism, e.g. rr-on-bins")
     receive.add_argument("--params", help="the mechanism's parameters: a JSON object or a path")
-    receive.add_argument("--epsilon", type=float, help="the new release's total ε")
-    receive.add_argument("--prior-epsilon", type=float, help="ε for its private prior, if any")
+    receive.add_argument("--epsilon", type=amount_argument, help="the new release's total ε")
+    receive.add_argument(
+        "--prior-epsilon", type=amount_argument, help="ε for its private prior, if any"
+    )
     receive.add_argument("--parts", help="comma-separated parts of the partition plan")
     receive.add_argument(
         "--idempotency-key",

@@ -7,14 +7,15 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismSpec
-from shared.cli_errors import CommandError, detail_text, refusal, unreachable
+from shared.cli_errors import CommandError, amount_argument, detail_text, refusal, unreachable
+from shared.protocol import AMOUNT_TEXT
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.spending import command_key
 from shared.watching import QueuedHint
@@ -38,12 +39,9 @@ def positive_privacy_amount(text: str) -> str:
 
 
 def _amount(text: str, *, positive: bool) -> str:
-    try:
-        value = Decimal(text.strip())
-    except InvalidOperation:
-        raise argparse.ArgumentTypeError(
-            f"expected a number such as 1 or 0.5, got {text!r}"
-        ) from None
+    if not AMOUNT_TEXT.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"expected a number such as 1 or 0.5, got {text!r}")
+    value = Decimal(text.strip())
     if not value.is_finite() or value < 0 or (positive and value == 0):
         least = "> 0" if positive else "≥ 0"
         raise argparse.ArgumentTypeError(f"expected a finite number {least}, got {text!r}")
@@ -103,7 +101,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--mechanism", required=True, choices=sorted(MECHANISMS), metavar="NAME",
         help="one of the mechanisms above",
     )  # fmt: skip
-    p.add_argument("--epsilon", required=True, type=float, help="the mechanism's ε")
+    p.add_argument("--epsilon", required=True, type=amount_argument, help="the mechanism's ε")
     p.add_argument("--loss", choices=LOSSES, help="default: squared (zero-one for classes)")
     p.add_argument("--mesh", type=int, help="output grid size for 'unbiased'")
     p.add_argument(

@@ -42,7 +42,7 @@ from labeldp.harness import (
     parquet_bytes,
 )
 from labeldp.harness import RunError as DemoError
-from shared.cli_errors import CommandError
+from shared.cli_errors import CommandError, amount_argument
 
 __all__ = ["DemoError", "Plan", "default_plan", "play", "register", "run"]
 
@@ -239,7 +239,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="fewer epochs and a coarser LP (CI)")
-    p.add_argument("--epsilon", type=float, default=1.0, help="ε of each release (default 1)")
+    p.add_argument(
+        "--epsilon", type=amount_argument, default=1.0, help="ε of each release (default 1)"
+    )
     p.add_argument("--output", type=Path, default=Path("labeldp-demo"),
                    help="report directory (default ./labeldp-demo)")  # fmt: skip
     add_service_options(p)

@@ -11,10 +11,13 @@ message on one line of stderr and exits with :attr:`CommandError.exit_status`:
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
 import httpx
+
+from shared.protocol import AMOUNT_TEXT
 
 
 class CommandError(Exception):
@@ -48,3 +51,11 @@ def detail_text(detail: Any) -> str:
     """A refusal's detail as the commands print it: JSON, on one line, with its text
     as written ("max − min", not "max \\u2212 min")."""
     return json.dumps(detail, ensure_ascii=False)
+
+
+def amount_argument(text: str) -> float:
+    """An argparse type for an ε or δ: a number as JSON spells it (``float`` alone
+    also takes "1_0", which is 10, and "١"; helper-70)."""
+    if not AMOUNT_TEXT.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"expected a number such as 1 or 0.5, got {text!r}")
+    return float(text)

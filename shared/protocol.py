@@ -11,15 +11,33 @@ DESIGN.md §3.4) and JSON numbers on the wire.
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from decimal import ROUND_FLOOR, Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+
+#: An amount sent as text: a JSON number's spelling, nothing more. ``Decimal``
+#: alone also takes "1_0" (10), "١" (Arabic-Indic one), " 0.1 " and "+0.1", and a
+#: release spent ε = 10 for "1_0" (helper-70).
+AMOUNT_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+def _amount_spelling(value: Any) -> Any:
+    if isinstance(value, str) and not AMOUNT_TEXT.fullmatch(value):
+        raise ValueError(
+            "an amount is a JSON number, or text spelled as one (digits, an optional "
+            f"fraction and exponent), not {value[:40]!r}"
+        )
+    return value
+
 
 #: An ε or δ amount: exact decimal in Python, a JSON number on the wire.
 PrivacyAmount = Annotated[
-    Decimal, PlainSerializer(lambda d: float(d), return_type=float, when_used="json")
+    Decimal,
+    BeforeValidator(_amount_spelling),
+    PlainSerializer(lambda d: float(d), return_type=float, when_used="json"),
 ]
 
 

@@ -398,6 +398,14 @@ def test_non_finite_and_huge_amounts_say_what_is_wrong(server: Server) -> None:
     assert r.status_code == 422 and "at most 4611686.018427" in r.json()["message"]
     # The stated maximum, sent back as a JSON number, is a budget the ledger holds.
     stated = float(r.json()["message"].rsplit("at most ", 1)[1].split()[0])
+    # Text that only Python reads as a number is no amount: "1_0" spent ε = 10.
+    ds = create_dataset(admin, epsilon_budget=20)
+    assert upload_labels(admin, ds, ["a", "b"], [0.0, 1.0]).status_code == 200
+    for spelling in ("1_0", "\u0661", " 0.1 ", "+0.1", ".5", "NaN"):
+        r = release(admin, ds, spelling)
+        assert r.status_code == 422 and "spelled as one" in r.text, (spelling, r.text)
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    assert release(admin, ds, "1e-1").status_code == 201
     r = admin.post("/v1/datasets", json={**body, "epsilon_budget": stated})
     assert r.status_code == 201, r.text
 

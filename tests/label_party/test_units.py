@@ -52,6 +52,22 @@ def test_a_mechanism_never_runs_at_more_than_the_charged_epsilon() -> None:
     assert float_below(Decimal("19.900000004948")) < float(Decimal("19.900000004948"))
 
 
+@pytest.mark.parametrize("text", ["1_0", "\u0661", "+0.1", ".5", "1e", "Infinity"])
+def test_the_command_line_takes_amounts_spelled_as_numbers_only(text: str) -> None:
+    """``--epsilon-budget 1_0`` made a budget of 10 (helper-70)."""
+    import argparse
+
+    from label_party.cli import positive_privacy_amount
+
+    from shared.cli_errors import amount_argument  # the --epsilon of the other commands
+
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a number"):
+        positive_privacy_amount(text)
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a number"):
+        amount_argument(text)
+    assert positive_privacy_amount(" 0.5 ") == "0.5" and positive_privacy_amount("2E-3") == "2E-3"
+
+
 def test_parts_compose_separately() -> None:
     spend = compose([Cost(5, 0, ("a",)), Cost(3, 0, ("b",)), Cost(1, 0, None)])
     assert spend.of_part("a") == (6, 0) and spend.of_part("b") == (4, 0)
