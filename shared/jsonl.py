@@ -36,12 +36,16 @@ class TooDeepError(ValueError):
 def read_json_lines(source: IO[bytes]) -> pa.Table:
     """``source`` (JSON lines, read from its start) as a table, after checking its
     nesting; :class:`TooDeepError` for a file nested too deep, Arrow's errors for
-    one it cannot parse."""
+    one it cannot parse or parses into an invalid table."""
     source.seek(0)
     if deepest(source) > MAX_DEPTH:
         raise TooDeepError(f"the file nests deeper than {MAX_DEPTH} levels")
     source.seek(0)
-    return pjson.read_json(source)
+    table = pjson.read_json(source)
+    # Arrow (26.0) builds an invalid list column from a list that starts with null
+    # ([null, 0.5, 0.5]); used, it raised ArrowIndexError, a 500 (helper-70).
+    table.validate(full=True)
+    return table
 
 
 def deepest(source: IO[bytes]) -> int:

@@ -200,6 +200,12 @@ def test_prior_uploads_are_validated(server: Server) -> None:
     lines = [json.dumps({"example_id": i, "p_0": 1.0}) for i in ids]
     r = _upload_priors(admin, ds, "probabilities", "\n".join(lines).encode(), "p.jsonl")
     assert r.status_code == 422 and "p_1" in r.json()["message"]
+    # A list that starts with null: Arrow built an invalid column from it, a 500.
+    line = json.dumps({"example_id": "ex0", "prior": [None, 0.5, 0.25, 0.25]}).encode()
+    r = _upload_priors(admin, ds, "probabilities", line + b"\n", "p.jsonl")
+    assert r.status_code == 422 and r.json()["error"] in {"invalid_priors", "invalid_request"}, (
+        r.text
+    )
     # CSV is for groups only; groups need a group.
     r = _upload_priors(admin, ds, "probabilities", b"example_id,p_0\nex0,1\n", "p.csv")
     assert r.status_code == 422
