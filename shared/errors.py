@@ -176,6 +176,16 @@ def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSO
         return error_response(
             507, "storage_unavailable", storage_message(problem), {"errno": problem}
         )
+    if isinstance(exc, UnicodeEncodeError) or isinstance(
+        getattr(exc, "orig", None), UnicodeEncodeError
+    ):
+        # Text JSON lets through that no encoding holds: a lone surrogate ("\ud800")
+        # reached the database driver as a 500 (helper-70).
+        return error_response(
+            422,
+            "invalid_request",
+            "a text in the request is not valid Unicode (a lone surrogate)",
+        )
     if isinstance(exc, DataError):
         # A value the request carried that the database cannot hold or compare: a
         # NUL character (Postgres text cannot), or one longer than its column.

@@ -54,6 +54,22 @@ class RegressionDomain(BaseModel):
         return values
 
 
+#: The longest class name (as a dataset's name).
+MAX_CLASS_NAME = 200
+
+
+def check_text(text: str, what: str) -> None:
+    """:class:`ValueError` for text a response cannot carry or a CSV cannot give:
+    a lone surrogate (JSON's ``"\ud800"``: the answer's serialization failed, a
+    500; helper-70), an empty string, or one longer than :data:`MAX_CLASS_NAME`."""
+    if not 0 < len(text) <= MAX_CLASS_NAME:
+        raise ValueError(f"{what} must be 1 to {MAX_CLASS_NAME} characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid Unicode (a lone surrogate)") from None
+
+
 class ClassificationDomain(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -67,6 +83,8 @@ class ClassificationDomain(BaseModel):
             raise ValueError("give exactly one of num_classes or classes")
         if self.classes is not None and len(set(self.classes)) != len(self.classes):
             raise ValueError("class names must be distinct")
+        for name in self.classes or ():
+            check_text(name, "a class name")
         return self
 
     @property

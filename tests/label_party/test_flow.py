@@ -425,6 +425,25 @@ def test_a_prior_epsilon_the_ledger_cannot_hold_is_refused_before_any_label_is_r
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
 
 
+def test_text_that_is_not_valid_unicode_is_refused_not_a_500(server: Server) -> None:
+    """A lone surrogate (JSON's "\\ud800") in a class name failed the answer's
+    serialization and in a prior id the database driver: two 500s (helper-70)."""
+    admin = server.client()
+    headers = {"content-type": "application/json"}
+    for classes in ('["\\ud800", "b"]', '["", "b"]', f'["{"x" * 201}", "b"]'):
+        body = ('{"name": "x", "task": "classification", "label_domain": {"classes": '
+                f'{classes}}}, "epsilon_budget": 1}}')  # fmt: skip
+        r = admin.post("/v1/datasets", content=body, headers=headers)
+        assert r.status_code == 422 and "class name" in r.text, (classes, r.text)
+    ds = create_dataset(admin, task="classification", domain={"num_classes": 3})
+    assert upload_labels(admin, ds, ["a", "b"], [0, 1]).status_code == 200
+    body = ('{"mechanism": {"name": "rr-with-prior", "prior_source": "groups", '
+            '"prior_id": "\\ud800"}, "epsilon": 0.1}')  # fmt: skip
+    r = admin.post(f"/v1/datasets/{ds}/releases", content=body, headers=headers)
+    assert r.status_code == 422, r.text
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+
+
 def test_a_domain_whose_noise_overflows_a_float_is_refused_free(server: Server) -> None:
     """[−1.7e308, 1.7e308] passed (finite ends) and its releases were charged and
     all ±inf/NaN; a finite width whose noise at a small ε overflows is refused

@@ -58,7 +58,6 @@ def test_the_command_line_takes_amounts_spelled_as_numbers_only(text: str) -> No
     import argparse
 
     from label_party.cli import positive_privacy_amount
-
     from shared.cli_errors import amount_argument  # the --epsilon of the other commands
 
     with pytest.raises(argparse.ArgumentTypeError, match="expected a number"):
