@@ -25,11 +25,23 @@ AMOUNT_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 
 
 def _amount_spelling(value: Any) -> Any:
-    if isinstance(value, str) and not AMOUNT_TEXT.fullmatch(value):
-        raise ValueError(
-            "an amount is a JSON number, or text spelled as one (digits, an optional "
-            f"fraction and exponent), not {value[:40]!r}"
-        )
+    """The amount as a Decimal: text spelled as a number, or a number (a double as
+    its shortest decimal); anything else is left for the Decimal schema to refuse.
+    Converted here because after a before-validator a strict model (a training
+    spec) takes only a Decimal instance."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if not AMOUNT_TEXT.fullmatch(value):
+            raise ValueError(
+                "an amount is a JSON number, or text spelled as one (digits, an optional "
+                f"fraction and exponent), not {value[:40]!r}"
+            )
+        return Decimal(value)
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(repr(value))
     return value
 
 
@@ -91,6 +103,12 @@ def largest_amount(scale: int) -> Decimal:
 #: lone surrogate in one reached the database driver as a 500.
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
 
+#: A name or key a user chose (a dataset's, a client's, an idempotency key): 1 to
+#: 200 characters, no NUL (Postgres text cannot hold one: SQLite took it, Postgres
+#: refused it with an error logged as a bug) and no lone surrogate (which a pattern
+#: refuses as it reads the text; helper-70).
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
+
 PARQUET_MEDIA_TYPE = "application/vnd.apache.parquet"
 
 Task = Literal["regression", "classification"]
@@ -142,7 +160,7 @@ class ReleaseCreate(BaseModel):
     prior_epsilon: PrivacyAmount | None = Field(default=None, ge=0)
     # Omitted: the whole dataset. An empty list would select nothing, so it is refused.
     parts: list[str] | None = Field(default=None, min_length=1)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    idempotency_key: Name | None = None
 
 
 class MechanismDescription(BaseModel):

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.protocol import PrivacyAmount, Task
+from shared.protocol import Name, PrivacyAmount, Task
 
 
 class DatasetCreate(BaseModel):
@@ -15,7 +15,7 @@ class DatasetCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name
     task: Task
     label_domain: dict[str, Any]
     epsilon_budget: PrivacyAmount = Field(gt=0)

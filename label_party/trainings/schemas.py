@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.lease_queue import Status
-from shared.protocol import PrivacyAmount
+from shared.protocol import Name, PrivacyAmount
 
 Denoiser = Literal["noop", "self-span", "self-conv", "alt-conv"]
 Optimizer = Literal["sgd", "momentum", "adam", "rmsprop"]
@@ -76,7 +76,7 @@ class TrainingSpec(BaseModel):
     projection_method: Literal["pgd", "fista"] | None = None
     projection_backend: Literal["autodiff", "dense"] | None = None
     smoothing: float | None = Field(default=None, ge=0, le=1)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    idempotency_key: Name | None = None
 
     @model_validator(mode="after")
     def _all_read(self) -> Self:

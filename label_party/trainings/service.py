@@ -311,10 +311,6 @@ def _draft(
     settings: Settings, dataset: Dataset, spec: TrainingSpec, source: IO[bytes], fmt: FileFormat
 ) -> _Draft:
     domain = parse_domain(dataset.task, dataset.label_domain)
-    if dataset.task != "classification":
-        raise InvalidRequestError(
-            "LabelDP-Pro trains classifiers: the dataset must be classification"
-        )
     if dataset.labels_sha256 is None:
         raise ConflictError("the dataset has no labels yet")
     source.seek(0)
@@ -383,6 +379,10 @@ def create(
     least = Cost(epsilon_units(spec.epsilon), _given_delta_units(spec), None)
     with transaction(unlocked) as reader:
         dataset = visible_dataset(reader, principal, dataset_id)
+        if dataset.task != "classification":  # before the budget: no refusal to audit
+            raise InvalidRequestError(
+                "LabelDP-Pro trains classifiers: the dataset must be classification"
+            )
         replay = _replay(reader, principal, dataset.id, spec, digests)
         hopeless = replay is None and not ledger.affordable(reader, dataset, least)
     if hopeless:  # refused and audited under the lock (it may have become affordable)

@@ -407,6 +407,10 @@ def test_refusals_before_any_spend(server: Server, granted: Any, tmp_path: Path)
     regression, _ids, _labels = make_dataset(admin, task="regression", n=10)
     r = submit(admin, regression, tabular(ids, labels), epsilon=1, architecture="mlp")
     assert r.status_code == 422 and "classification" in r.json()["message"]
+    # Without a δ budget it was refused as budget_exceeded, and audited so (helper-70).
+    no_delta, _ids, _labels = make_dataset(admin, task="regression", n=10, delta_budget=0)
+    r = submit(admin, no_delta, tabular(ids, labels), epsilon=1, architecture="mlp")
+    assert r.status_code == 422 and "classification" in r.json()["message"], r.text
     assert admin.get(f"/v1/datasets/{dataset_id}/budget").json()["epsilon_spent"] == 0
 
 
