@@ -107,7 +107,7 @@ def noise_plan(
 
     n = int(num_examples)
     batch = int(spec["expected_batch_size"])
-    epsilon, delta = below_charged(spec["epsilon"]), below_charged(spec["delta"])
+    epsilon, delta = float(spec["epsilon"]), float(spec["delta"])
     if not 1 <= batch <= n:
         raise InfeasiblePlanError(
             f"expected_batch_size must be between 1 and the {n} labelled examples "
@@ -140,8 +140,9 @@ def noise_plan(
     # ε falls as σ grows, so the ceiling is one accountant call: an infeasible
     # spec is refused without a full calibration.
     ceiling = batch * math.sqrt(steps)
+    target = below_charged(epsilon), below_charged(delta)  # what the accountant may use
     try:
-        if epsilon_for(ceiling, rate, steps, delta, amplification=amplification) > epsilon:
+        if epsilon_for(ceiling, rate, steps, target[1], amplification=amplification) > target[0]:
             raise InfeasiblePlanError(
                 f"epsilon {epsilon:g} at delta {delta:g} over {steps} steps at expected "
                 f"batch size {batch} needs a noise multiplier above B·√T = {ceiling:.4g}, "
@@ -150,7 +151,7 @@ def noise_plan(
                 "and self-conv) raise expected_batch_size",
                 {**detail, "max_noise_multiplier": ceiling},
             )
-        sigma = calibrate_noise(epsilon, delta, rate, steps, amplification=amplification)
+        sigma = calibrate_noise(*target, rate, steps, amplification=amplification)
     except InfeasiblePlanError:
         raise
     except ValueError as exc:
