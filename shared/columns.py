@@ -22,6 +22,12 @@ class ColumnTypeError(ValueError):
     """A column whose type cannot serve; the message says which and why."""
 
 
+#: What either service answers for a file whose column names are not UTF-8 (a
+#: Latin-1 or UTF-16 CSV): pyarrow raises ``UnicodeDecodeError`` as a name is
+#: read, which was a 500 at both parties (helper-71).
+NAMES_NOT_UTF8 = "the file's column names are not UTF-8 text: save it as UTF-8"
+
+
 def _cast(column: Column, dtype: pa.DataType, *, safe: bool = True) -> Column:
     cast: Column = pc.cast(column, dtype, safe=safe)
     return cast

@@ -23,6 +23,7 @@ from feature_party.feature_sets.schemas import ColumnInfo, SchemaDeclaration
 from feature_party.training.data import TARGET, ColumnRoles
 from shared.columns import (
     FALSE_WORDS,
+    NAMES_NOT_UTF8,
     TRUE_WORDS,
     ColumnTypeError,
     as_categories,
@@ -66,22 +67,31 @@ def read_table(path: Path, *, filename: str | None, text_columns: Collection[str
     ``01234``; a CSV's other columns have their types inferred."""
     try:
         if _is_parquet(path, filename):
-            return read_parquet_bounded(path, memory_map=True)
-        return pacsv.read_csv(
-            path,
-            convert_options=pacsv.ConvertOptions(
-                column_types={name: pa.string() for name in (ID, *text_columns)},
-                # Words only: with pyarrow's default "1"/"0" a column of true, false,
-                # 1 and 0 was read as booleans, and a prediction's text "1" (read as
-                # text, like every categorical column there) was no known category.
-                true_values=list(TRUE_WORDS),
-                false_values=list(FALSE_WORDS),
-            ),
-        )
+            table = read_parquet_bounded(path, memory_map=True)
+        else:
+            table = _read_csv(path, text_columns)
+        _ = table.column_names  # the names are decoded here, inside the except below
+        return table
     except ParquetTooLargeError as exc:
         raise PayloadTooLargeError(str(exc), detail={"limit": exc.limit}) from None
+    except UnicodeDecodeError:
+        raise _bad_file(NAMES_NOT_UTF8) from None
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
         raise _bad_file(f"cannot read the file: {exc}") from None
+
+
+def _read_csv(path: Path, text_columns: Collection[str]) -> pa.Table:
+    return pacsv.read_csv(
+        path,
+        convert_options=pacsv.ConvertOptions(
+            column_types={name: pa.string() for name in (ID, *text_columns)},
+            # Words only: with pyarrow's default "1"/"0" a column of true, false,
+            # 1 and 0 was read as booleans, and a prediction's text "1" (read as
+            # text, like every categorical column there) was no known category.
+            true_values=list(TRUE_WORDS),
+            false_values=list(FALSE_WORDS),
+        ),
+    )
 
 
 def _is_parquet(path: Path, filename: str | None) -> bool:
@@ -114,6 +124,8 @@ class FeatureFile:
                 names = pq.ParquetFile(path, memory_map=True).schema_arrow.names
             else:
                 names = pacsv.open_csv(path).schema.names
+        except UnicodeDecodeError:
+            raise _bad_file(NAMES_NOT_UTF8) from None
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
             raise _bad_file(f"cannot read the file: {exc}") from None
         return cls(path, parquet, names)

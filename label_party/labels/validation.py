@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from label_party.datasets.domain import ClassificationDomain, RegressionDomain
 from label_party.exceptions import InvalidLabelsError, InvalidRequestError, PayloadTooLargeError
-from shared.columns import ColumnTypeError, as_keys
+from shared.columns import NAMES_NOT_UTF8, ColumnTypeError, as_keys
 from shared.jsonl import TooDeepError, read_json_lines
 from shared.parquet import ParquetTooLargeError, read_parquet_bounded
 
@@ -103,6 +103,8 @@ def read_table(source: IO[bytes], fmt: FileFormat, columns: tuple[str, ...] = CO
         raise
     except TooDeepError as exc:
         raise InvalidLabelsError(str(exc), []) from None
+    except UnicodeDecodeError:
+        raise InvalidLabelsError(NAMES_NOT_UTF8, []) from None
     except ParquetTooLargeError as exc:
         raise PayloadTooLargeError(str(exc), {"limit": exc.limit}) from None
     except (pa.ArrowException, OSError):

@@ -74,7 +74,7 @@ from label_party.storage import (
 from label_party.trainings import repository, resources
 from label_party.trainings.plan import InfeasiblePlanError, noise_plan
 from label_party.trainings.schemas import TrainingRead, TrainingSpec, unread_fields
-from shared.columns import ColumnTypeError, as_keys, as_numbers
+from shared.columns import NAMES_NOT_UTF8, ColumnTypeError, as_keys, as_numbers
 from shared.jsonl import TooDeepError, read_json_lines
 from shared.lease_queue import Status
 from shared.parquet import ParquetTooLargeError, publish_by_hash, read_parquet_bounded, temp_path
@@ -96,8 +96,15 @@ def _read_any(source: IO[bytes], fmt: FileFormat, max_bytes: int | None) -> pa.T
             return read_parquet_bounded(source, max_decoded_bytes=max_bytes)
         if fmt == "csv":
             options = pcsv.ConvertOptions(column_types={"example_id": pa.string()})
-            return pcsv.read_csv(source, convert_options=options)
-        return read_json_lines(source)
+            table = pcsv.read_csv(source, convert_options=options)
+        else:
+            table = read_json_lines(source)
+        _ = table.column_names  # the names are decoded here, inside the except below
+        return table
+    except UnicodeDecodeError:
+        raise InvalidRequestError(
+            f"the features file could not be read: {NAMES_NOT_UTF8}"
+        ) from None
     except TooDeepError as exc:
         raise InvalidRequestError(f"the features file could not be read: {exc}") from None
     except ParquetTooLargeError as exc:

@@ -194,6 +194,15 @@ def test_bad_feature_files_are_422_with_reasons(
     assert expected in body["detail"]
 
 
+def test_a_header_that_is_not_utf8_is_a_bad_file_not_a_500(client: httpx.Client) -> None:
+    """Latin-1 and UTF-16 headers raised UnicodeDecodeError as pyarrow decoded the
+    names: 500 at upload and at predict (helper-71)."""
+    for body in (b"example_id,\xe9ge\nu1,1\nu2,2\n", "example_id,age\nu1,1\n".encode("utf-16")):
+        r = client.post("/v1/feature-sets", headers=AUTH, files={"file": ("f.csv", body)})
+        assert r.status_code == 422 and r.json()["error"] == "bad_file", r.text
+        assert body.startswith(b"\xff") or "UTF-8" in r.json()["message"]
+
+
 def test_a_null_example_id_is_reported_missing_on_its_row(client: httpx.Client) -> None:
     """``or_`` of a null id and its test for "" is null, so the null row went unmarked
     and the file was refused as "duplicate example_id" with no rows."""
@@ -389,6 +398,10 @@ def test_receive_train_predict(
     empty = [dict(rows[0]), {**rows[1], "example_id": ""}]  # was answered with id ""
     r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH, json={"rows": empty})
     assert r.status_code == 422 and r.json()["detail"] == {"rows_without_example_id": 1}
+    latin1 = b"example_id,x0,\xe9ge\nu1,1,1\n"  # pyarrow could not decode its names: a 500
+    r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH,
+                    files={"file": ("rows.csv", latin1)})  # fmt: skip
+    assert r.status_code == 422 and "UTF-8" in r.json()["message"], r.text
     # Values no column can hold are 422s naming the column, not 500s.
     for odd in ({"example_id": {"a": 1}}, {"city": {"a": 1}}):
         r = client.post(f"/v1/models/{model_id}/predict", headers=AUTH,

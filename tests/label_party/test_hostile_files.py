@@ -52,6 +52,21 @@ def test_labels_with_unusable_id_or_label_types(server: Server) -> None:
     assert admin.get(f"/v1/datasets/{ds}").json()["num_labels"] in (None, 0)
 
 
+def test_files_whose_column_names_are_not_utf8_are_refused(server: Server) -> None:
+    """pyarrow raised UnicodeDecodeError decoding a Latin-1 header: a 500 for labels
+    and for a training's features (helper-71)."""
+    admin = server.client()
+    ds = create_dataset(admin)
+    _refused(_labels(admin, ds, "l.csv", b"example_id,label\xe9\nu1,1\n"), "UTF-8")
+    ds, _ids, _labels_of = make_dataset(admin)
+    spec = {"epsilon": 1, "delta": 1e-5, "architecture": "mlp", **CHEAP}
+    r = admin.post(f"/v1/datasets/{ds}/trainings",
+                   files={"file": ("f.csv", b"example_id,\xe9ge\nu1,1\n")},
+                   data={"spec": json.dumps(spec)})  # fmt: skip
+    _refused(r, "UTF-8")
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+
+
 def test_plans_and_prior_sets_with_unusable_key_types(server: Server) -> None:
     admin = server.client()
     ds = create_dataset(admin, task="classification", domain={"num_classes": 3})
