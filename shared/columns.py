@@ -34,8 +34,13 @@ def _cast(column: Column, dtype: pa.DataType, *, safe: bool = True) -> Column:
 
 
 def _decoded(column: Column) -> Column:
+    """A dictionary column as its values, a half float as a float32 (Arrow's
+    compute functions have no half-float kernels: a float16 category was a 500;
+    helper-71)."""
     if pa.types.is_dictionary(column.type):
-        return _cast(column, column.type.value_type)
+        column = _cast(column, column.type.value_type)
+    if pa.types.is_float16(column.type):
+        return _cast(column, pa.float32())
     return column
 
 

@@ -251,7 +251,7 @@ def _predict(
             predictions.append(predictor.predict(table, first_row=rows + 1))
         except NonFinitePredictionError as exc:  # every such row is counted
             not_finite.append(exc.rows + rows)
-        except (ValueError, pa.ArrowInvalid) as exc:
+        except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise InvalidInputError(f"cannot preprocess the rows: {exc}") from None
         if with_ids:
             ids.append(_ids(table))

@@ -14,7 +14,7 @@ from feature_party.feature_sets.ingest import ingest, read_table
 from feature_party.feature_sets.schemas import SchemaDeclaration
 from feature_party.models.service import _rows_table
 from feature_party.training.data import Preprocessing, fit_preprocessing
-from shared.columns import as_categories
+from shared.columns import as_categories, as_numbers
 
 FLAGS = ["True", "False", "TRUE", "false", "True"]
 
@@ -118,3 +118,15 @@ def test_a_whole_number_float_is_one_category_by_parquet_csv_and_json(tmp_path: 
         "1.10",
         "1.1",
     ]
+
+
+def test_a_half_float_column_is_a_category_and_a_number(tmp_path: Path) -> None:
+    """Arrow's compute functions have no half-float kernels: a float16 column
+    declared categorical was a 500 at upload (and at predict; helper-71)."""
+    half = pa.array([1.0, 2.5, -0.0, 2.0], pa.float16())
+    assert as_categories(half, "h").to_pylist() == ["1", "2.5", "0", "2"]
+    assert as_numbers(half, "h").to_pylist() == [1.0, 2.5, -0.0, 2.0]
+    path = tmp_path / "half.parquet"
+    pq.write_table(pa.table({"example_id": ["a", "b", "c", "d"], "h": half}), path)
+    stored = ingest(path, filename="half.parquet", schema=SchemaDeclaration(categorical=["h"]))
+    assert sorted(stored.table.column("h").to_pylist()) == ["0", "1", "2", "2.5"]
