@@ -7,6 +7,7 @@ the model artifact, so prediction applies exactly the training transformation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,7 @@ class Preprocessing:
         numeric = np.zeros((n, len(self.numeric)), dtype=np.float32)
         for j, name in enumerate(self.numeric):
             values = _as_float(table.column(name), name, first_row)
-            scaled = (values - self.means[j]) / self.stds[j]
+            scaled = _standardized(values, self.means[j], self.stds[j])
             scaled = np.nan_to_num(scaled, nan=0.0, posinf=0.0, neginf=0.0)
             # Past float32's range the cast would make ±inf, and the model NaN.
             numeric[:, j] = np.clip(scaled, -_FLOAT32_MAX, _FLOAT32_MAX)
@@ -145,6 +146,32 @@ def _first_non_number(column: pa.ChunkedArray | pa.Array, first_row: int) -> str
     return f" (row {int(bad[0]) + first_row})" if bad.size else ""
 
 
+def _mean_and_std(finite: np.ndarray) -> tuple[float, float]:
+    """Of finite values; over their largest magnitude where the sums overflow: a
+    column of ±1.7e308 summed to inf, and its model scaled every value to 0 and
+    answered one constant (helper-71)."""
+    if not finite.size:
+        return 0.0, 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = float(finite.mean()), float(finite.std())
+    if math.isfinite(mean) and math.isfinite(std):
+        return mean, std
+    scale = float(np.abs(finite).max())
+    unit = finite / scale
+    return float(unit.mean()) * scale, float(unit.std()) * scale
+
+
+def _standardized(values: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """``(x − mean) / std``; where the difference overflows (values near the float
+    range), ``x / std − mean / std``, which does not."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled: np.ndarray = (values - mean) / std
+        far = ~np.isfinite(scaled) & np.isfinite(values)
+        if far.any():
+            scaled[far] = values[far] / std - mean / std
+    return scaled
+
+
 def fit_preprocessing(
     table: pa.Table, roles: ColumnRoles, *, max_vocab: int = 100_000, min_count: int = 1
 ) -> Preprocessing:
@@ -153,9 +180,7 @@ def fit_preprocessing(
     stds: list[float] = []
     for name in roles.numeric:
         values = _as_float(table.column(name), name)
-        finite = values[np.isfinite(values)]
-        mean = float(finite.mean()) if finite.size else 0.0
-        std = float(finite.std()) if finite.size else 1.0
+        mean, std = _mean_and_std(values[np.isfinite(values)])
         means.append(mean)
         stds.append(std if std > 1e-12 else 1.0)
     vocabularies: list[list[str]] = []

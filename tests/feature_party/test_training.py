@@ -34,6 +34,19 @@ def test_preprocessing_vocabulary_oov_and_scaling() -> None:
         pre.transform(pa.table({"n": [1.0]}))
 
 
+def test_values_near_the_float_range_are_scaled_not_lost() -> None:
+    """A column of ±1.7e308 summed to inf: means and stds inf, every value scaled
+    to 0, and a model that answered one constant (helper-71)."""
+    big = [1.7e308, -1.7e308, 1.7e308, 0.85e308]
+    pre = fit_preprocessing(pa.table({"x": big}), ColumnRoles(("x",), ()))
+    assert np.isfinite(pre.means + pre.stds).all()
+    assert pre.means[0] == pytest.approx(np.mean(np.array(big) / 1e308) * 1e308)
+    scaled = pre.transform(pa.table({"x": big})).numeric[:, 0]
+    expected = (np.array(big) / 1e308 - pre.means[0] / 1e308) / (pre.stds[0] / 1e308)
+    np.testing.assert_allclose(scaled, expected, rtol=1e-6)
+    assert len(set(scaled.tolist())) == 3
+
+
 def _linear_predictor(loss: str, weights: list[list[float]]) -> Any:
     """A Predictor whose model is ``x @ weights.T`` over numeric columns x0, x1
     (means 0, stds 1), so that its outputs on extreme rows are known."""
