@@ -22,7 +22,14 @@ from typing import Any
 import httpx
 
 from feature_party.client import path_segment
-from shared.cli_errors import CommandError, amount_argument, detail_text, refusal, unreachable
+from shared.cli_errors import (
+    CommandError,
+    amount_argument,
+    bearer,
+    detail_text,
+    refusal,
+    unreachable,
+)
 from shared.pagination import every_row
 from shared.spending import command_key
 from shared.tokens import admin_token_problem
@@ -66,7 +73,7 @@ def _send(
             files=files,
             data=data,
             params=params,
-            headers={"Authorization": f"Bearer {admin_token()}"},
+            headers=bearer(admin_token(), "LABELDP_ADMIN_TOKEN"),
             timeout=TIMEOUT_SECONDS,
         )
     except httpx.TransportError as exc:

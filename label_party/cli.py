@@ -14,7 +14,14 @@ from typing import Any
 from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismSpec
-from shared.cli_errors import CommandError, amount_argument, detail_text, refusal, unreachable
+from shared.cli_errors import (
+    CommandError,
+    amount_argument,
+    bearer,
+    detail_text,
+    refusal,
+    unreachable,
+)
 from shared.protocol import AMOUNT_TEXT
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.spending import command_key
@@ -394,7 +401,7 @@ def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) ->
         response = httpx.request(
             method,
             args.url.rstrip("/") + path,
-            headers={"Authorization": f"Bearer {args.token}"},
+            headers=bearer(args.token),
             timeout=600,
             **kwargs,
         )

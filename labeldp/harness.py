@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from feature_party.client import LabelsPartyClient
 from labeldp.datasets import Dataset
 from labeldp.processes import ServiceProcess, free_port, running
-from shared.cli_errors import CommandError, ServiceFailedError, refusal
+from shared.cli_errors import CommandError, ServiceFailedError, bearer, refusal
 
 
 class RunError(RuntimeError):
@@ -87,7 +87,7 @@ def check_answering(endpoints: Endpoints) -> None:
     for name, url, token, path in parties:
         try:
             answer = httpx.get(
-                url.rstrip("/") + path, headers={"Authorization": f"Bearer {token}"}, timeout=30
+                url.rstrip("/") + path, headers=bearer(token, f"the {name}'s token"), timeout=30
             )
         except httpx.HTTPError as exc:
             raise ServiceFailedError(f"the {name} at {url} does not answer: {exc}") from None
@@ -165,9 +165,7 @@ class Publisher:
         self, url: str, token: str, *, poll_seconds: float = 0.5, timeout: float = 120.0
     ) -> None:
         self.poll_seconds = poll_seconds
-        self.http = httpx.Client(
-            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
-        )
+        self.http = httpx.Client(base_url=url, headers=bearer(token), timeout=timeout)
 
     def upload_features(
         self, table: pa.Table, roles: dict[str, list[str]], *, name: str = "demo features"

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from shared.protocol import AMOUNT_TEXT
+from shared.tokens import BEARER
 
 
 class CommandError(Exception):
@@ -44,7 +45,25 @@ def unreachable(url: str, exc: httpx.TransportError) -> CommandError:
     service's."""
     if isinstance(exc, httpx.UnsupportedProtocol):
         return CommandError(f"{url} is not a URL to send requests to: give http://… or https://…")
+    if isinstance(exc, httpx.LocalProtocolError):
+        # Nothing was sent; httpx's text quotes the header, a token in it.
+        return CommandError(f"a request to {url} could not be sent: a header holds characters "
+                            "it cannot carry (is the token as issued?)")  # fmt: skip
     return ServiceFailedError(f"cannot reach {url}: {exc}")
+
+
+def bearer(token: str, what: str = "the token") -> dict[str, str]:
+    """The ``Authorization`` header for ``token``, surrounding whitespace dropped; a
+    :class:`CommandError` that never quotes it for one a header cannot carry (a line
+    break inside, a non-ASCII letter): httpx's complaint quoted the whole header
+    into the error (helper-73)."""
+    value = token.strip()
+    if not BEARER.fullmatch(value):
+        raise CommandError(
+            f"{what} holds characters a header cannot carry (a line break, a non-ASCII "
+            "letter): give it as issued"
+        )
+    return {"Authorization": f"Bearer {value}"}
 
 
 def detail_text(detail: Any) -> str:

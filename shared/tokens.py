@@ -51,11 +51,11 @@ AdminToken = Annotated[SecretStr | None, BeforeValidator(_strip)]
 #: be a passphrase). One with a line break, a non-ASCII letter or a space at either
 #: end cannot go in a header as sent, and httpx's complaint about it quoted
 #: the whole header, token included, into errors, logs and stored run errors.
-_BEARER = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+BEARER = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
 
 def _check_bearer(token: SecretStr) -> SecretStr:
-    if not _BEARER.fullmatch(token.get_secret_value()):
+    if not BEARER.fullmatch(token.get_secret_value()):
         raise ValueError(
             "the token must be the labels party's token as it gave it: visible ASCII "
             "characters, spaces only between them (no line breaks or other letters)"

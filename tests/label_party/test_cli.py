@@ -95,6 +95,21 @@ def test_operator_commands(
     assert "invalid choice: 'lapalce'" in capsys.readouterr().err
 
 
+def test_a_token_a_header_cannot_carry_is_refused_without_quoting_it(
+    server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token read from a file with Windows line endings (or with a non-ASCII
+    letter) failed in httpx, whose message quoted the whole header, token and all
+    (helper-73); surrounding whitespace is dropped as the services drop it."""
+    assert main(["label-party", "list-datasets", "--url", server.url,
+                 "--token", f"  {ADMIN_TOKEN}\r\n"]) == 0  # fmt: skip
+    capsys.readouterr()
+    for token in (f"{ADMIN_TOKEN}\r\nX-Evil: 1", f"{ADMIN_TOKEN}é"):
+        assert main(["label-party", "list-datasets", "--url", server.url, "--token", token]) == 2
+        err = capsys.readouterr().err
+        assert "cannot carry" in err and ADMIN_TOKEN not in err, err
+
+
 def test_training_commands(
     server: Server,
     tmp_path: Path,
