@@ -31,7 +31,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.logging import LogLevel
-from shared.settings_help import check_lease
+from shared.settings_help import Seconds, check_lease
 from shared.tokens import AdminToken, admin_token_problem
 
 
@@ -45,14 +45,14 @@ class Settings(BaseSettings):
     #: Largest accepted body that is not a multipart upload (JSON), parsed whole in
     #: memory (413 above).
     max_json_bytes: int = Field(default=64 * 1024**2, ge=1)
-    job_lease_seconds: float = Field(default=60.0, gt=0)
-    heartbeat_seconds: float = Field(default=5.0, gt=0)
-    poll_seconds: float = Field(default=1.0, gt=0)
-    client_timeout_seconds: float = Field(default=60.0, gt=0)
+    job_lease_seconds: Seconds = 60.0
+    heartbeat_seconds: Seconds = 5.0
+    poll_seconds: Seconds = 1.0
+    client_timeout_seconds: Seconds = 60.0
     # Up to 35 s of backoff in all (17.5 s on average): a labels party restarting
     # (a container, a Postgres failover) is waited for; a Retry-After is honoured.
     client_retries: int = Field(default=6, ge=0)
-    client_backoff_seconds: float = Field(default=1.0, ge=0)
+    client_backoff_seconds: float = Field(default=1.0, ge=0, le=3_600, allow_inf_nan=False)
     log_level: LogLevel = "INFO"
 
     @model_validator(mode="after")

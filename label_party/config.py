@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.logging import LogLevel
-from shared.settings_help import check_lease
+from shared.settings_help import Seconds, check_lease
 from shared.tokens import MIN_LENGTH, AdminToken, admin_token_problem
 
 #: Secrets nobody may deploy with.
@@ -49,15 +49,15 @@ class Settings(BaseSettings):
     max_concurrent_previews: int = Field(default=2, ge=1)
     #: Seconds a preview's fit may run (the unbiased LP takes minutes past a few
     #: thousand values): 422 beyond, and the slot is free again.
-    preview_seconds: float = Field(default=30.0, gt=0)
+    preview_seconds: Seconds = 30.0
     log_level: LogLevel = "INFO"
     #: LabelDP-Pro trainings (``labeldp label-party worker``): the torch device
     #: (``auto``: CUDA when the worker has it), how often an idle worker polls,
     #: how long a claim's lease lasts and how often a running training renews it.
     training_device: Literal["auto", "cpu", "cuda"] = "auto"
-    worker_poll_seconds: float = Field(default=1.0, gt=0)
-    worker_lease_seconds: float = Field(default=60.0, gt=0)
-    worker_heartbeat_seconds: float = Field(default=5.0, gt=0)
+    worker_poll_seconds: Seconds = 1.0
+    worker_lease_seconds: Seconds = 60.0
+    worker_heartbeat_seconds: Seconds = 5.0
     #: Largest model a training may ask for (422 above, before any budget is
     #: spent): a physical batch's per-example gradients take 4 KiB a parameter
     #: (measured 4.1 KiB at 1,024 examples).

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field
 from pydantic_settings import BaseSettings
 
 
@@ -66,6 +67,12 @@ def add_serve_command(
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument("--port", type=tcp_port, default=port, help="port (default: %(default)s)")
     serve.set_defaults(handler=handler)
+
+
+#: A duration setting: positive, finite and at most a day. ``inf`` or ``1e12`` was
+#: taken, and a worker then failed at run time (a timestamp out of range: every
+#: claim logged an error and the job stayed queued; helper-73).
+Seconds = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
 
 
 def check_lease(settings: BaseSettings, lease: str, heartbeat: str) -> None:

@@ -139,6 +139,18 @@ def test_production_refuses_weak_admin_tokens(token: str | None) -> None:
         Settings(mode="production", admin_token=token)
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e12, 0.0, -1.0])
+def test_durations_are_positive_finite_and_at_most_a_day(value: float) -> None:
+    """``inf`` and ``1e12`` seconds were taken, and the worker then failed at run
+    time: a timestamp out of range at every claim, the job left queued (helper-73)."""
+    from feature_party.config import Settings as FeatureSettings
+
+    with pytest.raises(ValueError, match="poll_seconds"):
+        Settings(mode="dev", worker_poll_seconds=value)
+    with pytest.raises(ValueError, match="poll_seconds"):
+        FeatureSettings(admin_token="x" * 32, poll_seconds=value)
+
+
 def test_crash_hook_only_in_test_mode() -> None:
     with pytest.raises(ValueError):
         Settings(mode="dev", test_crash_point="release_before_commit")
