@@ -16,7 +16,8 @@ ENV_EXAMPLE = Path(__file__).parents[2] / ".env.example"
 @pytest.mark.parametrize(
     "token",
     [None, "", "   ", "admin", "change-me", "short-token", "Change-Me-label-admin-123456",
-     "a" * 40, "abcabcabcabcabcabcabc"],
+     "a" * 40, "abcabcabcabcabcabcabc", "change_me_change_me", "CHANGE ME PLEASE NOW",
+     "<generate-a-secret-here>", "${LABEL_PARTY_ADMIN_TOKEN}", "password123456789"],
 )  # fmt: skip
 def test_weak_tokens_have_a_problem(token: str | None) -> None:
     assert admin_token_problem(token)
