@@ -206,7 +206,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from feature_party.app import create_app
     from shared.startup import serve
 
-    settings = _ready_settings()
+    settings = _ready_settings(serving=True)
     try:
         app = create_app(settings)
     except ValueError as exc:  # the admin token
@@ -216,13 +216,20 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ready_settings() -> Settings:
+def _ready_settings(*, serving: bool = False) -> Settings:
     """The settings, their data directory writable and their database migrated: a
-    problem with any is one line (``shared.startup``), before anything starts."""
+    problem with any is one line (``shared.startup``), before anything starts. A
+    server's admin token is checked first: a misconfigured one migrated a shared
+    database before it refused to start (helper-73)."""
     from feature_party.db import make_engine, migrate
     from shared.startup import load_settings, prepare
 
     settings = load_settings(Settings)
+    if serving:
+        try:
+            settings.require_admin_token()
+        except ValueError as exc:
+            raise StartupError(f"invalid settings: {exc}") from None
     prepare(settings.data_dir, settings.resolved_database_url, make_engine, migrate)
     return settings
 

@@ -45,6 +45,20 @@ def test_a_client_command_without_the_admin_token_says_which_token() -> None:
     assert "authenticates to the features party" in done.stderr
 
 
+def test_serve_checks_its_admin_token_before_it_touches_the_database(tmp_path: Path) -> None:
+    """It migrated (created) the database, then refused the token: a misconfigured
+    container still upgraded a shared schema (helper-73)."""
+    from labeldp.cli import main
+
+    env = {"LABELDP_DATA_DIR": str(tmp_path / "fp"), "LABELDP_ADMIN_TOKEN": "short"}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        patch.delenv("LABELDP_DATABASE_URL", raising=False)
+        assert main(["feature-party", "serve", "--port", "1"]) == 2
+    assert not (tmp_path / "fp" / "feature-party.db").exists()
+
+
 def test_a_client_command_ignores_the_service_s_settings_and_never_prints_the_token() -> None:
     """A worker-only setting out of range failed every client command with pydantic's
     dump of all settings, the admin token's first characters included."""
