@@ -86,6 +86,13 @@ def open_database(url: str, connect: Callable[[str], Engine], migrate: Callable[
             f"{ENV_PREFIX}DATABASE_URL is not a database URL this service knows; use "
             "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB, or leave it unset for SQLite"
         ) from None
+    if engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:"):
+        engine.dispose()
+        # Each connection would have its own empty database: every request 503.
+        raise StartupError(
+            f"{ENV_PREFIX}DATABASE_URL is an in-memory SQLite database, which the service's "
+            "connections would not share: give a file (sqlite:///PATH), or leave it unset"
+        )
     try:
         migrate(engine)
     except OperationalError as exc:
