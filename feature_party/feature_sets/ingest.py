@@ -175,6 +175,23 @@ def _first_non_number(path: Path, numeric: Collection[str]) -> str | None:
     return None
 
 
+def _refuse_undecodable(raw: pa.Table, path: Path, filename: str | None) -> None:
+    """A CSV column whose text is not UTF-8 is read as binary; it was then stored
+    as an ignored column, a feature silently lost (helper-71)."""
+    if _is_parquet(path, filename):
+        return  # a Parquet binary column is binary data: ignored, as its type says
+    binary = [
+        name
+        for name, dtype in zip(raw.column_names, raw.schema.types, strict=True)
+        if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype)
+    ]
+    if binary:
+        raise _bad_file(
+            "columns hold text that is not UTF-8: save the file as UTF-8",
+            [{"column": name, "reason": "not UTF-8 text"} for name in binary],
+        )
+
+
 def _infer_role(dtype: pa.DataType) -> str:
     if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype):
         return "numeric"
@@ -220,6 +237,7 @@ def ingest(path: Path, *, filename: str | None, schema: SchemaDeclaration | None
     if len(set(names)) != len(names):
         raise _bad_file("duplicate column names", {"columns": names})
 
+    _refuse_undecodable(raw, path, filename)
     problems: list[dict[str, Any]] = []
     if schema is not None:
         unknown = [c for c in (*schema.numeric, *schema.categorical) if c not in names]

@@ -203,6 +203,15 @@ def test_a_header_that_is_not_utf8_is_a_bad_file_not_a_500(client: httpx.Client)
         assert body.startswith(b"\xff") or "UTF-8" in r.json()["message"]
 
 
+def test_a_csv_column_that_is_not_utf8_is_named_not_dropped(client: httpx.Client) -> None:
+    """Read as binary, it was stored as an ignored column: the feature silently
+    lost (helper-71)."""
+    body = b"example_id,age,city\nu01,1,M\xe1laga\nu02,2,Madrid\n"
+    r = client.post("/v1/feature-sets", headers=AUTH, files={"file": ("f.csv", body)})
+    assert r.status_code == 422 and r.json()["error"] == "bad_file", r.text
+    assert r.json()["detail"] == [{"column": "city", "reason": "not UTF-8 text"}]
+
+
 def test_a_null_example_id_is_reported_missing_on_its_row(client: httpx.Client) -> None:
     """``or_`` of a null id and its test for "" is null, so the null row went unmarked
     and the file was refused as "duplicate example_id" with no rows."""
