@@ -32,7 +32,7 @@ from shared.cli_errors import CommandError, amount_argument
 from shared.logging import configure_logging
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.startup import StartupError
-from shared.watching import QueuedHint
+from shared.watching import Outage, QueuedHint
 from shared.worker_loop import WorkerBusyError, run_queue_worker
 
 
@@ -297,9 +297,9 @@ QUEUED_HINT = (
 
 def run_jobs_watch(args: argparse.Namespace) -> int:
     tty = sys.stdout.isatty()
-    last, hint = "", QueuedHint(QUEUED_HINT)
+    last, hint, outage = "", QueuedHint(QUEUED_HINT), Outage("the job")
     while True:
-        job = _get_job(args.url, args.job_id)
+        job = outage.ask(lambda: _get_job(args.url, args.job_id), args.interval)
         line = progress_line(job)
         if line != last:
             print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)

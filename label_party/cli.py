@@ -25,7 +25,7 @@ from shared.cli_errors import (
 from shared.protocol import AMOUNT_TEXT
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.spending import command_key
-from shared.watching import QueuedHint
+from shared.watching import Outage, QueuedHint
 from shared.worker_loop import run_queue_worker
 
 #: What ``release`` offers: every mechanism but those never released on their own
@@ -693,9 +693,11 @@ def training_line(training: dict[str, Any], width: int = 30) -> str:
 def _training_watch(args: argparse.Namespace) -> int:
     import time
 
-    last, hint = "", QueuedHint(QUEUED_HINT)
+    last, hint, outage = "", QueuedHint(QUEUED_HINT), Outage("the training")
     while True:
-        training = _request(args, "GET", f"/v1/trainings/{args.training}").json()
+        training = outage.ask(
+            lambda: _request(args, "GET", f"/v1/trainings/{args.training}").json(), args.interval
+        )
         line = training_line(training)
         if line != last:
             print(line, flush=True)

@@ -1,9 +1,20 @@
-"""``watch`` commands: the hint, said once, that queued work has no worker."""
+"""``watch`` commands: the hint, said once, that queued work has no worker, and
+riding out a service that stops answering for a while."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from shared.cli_errors import ServiceFailedError
+
+T = TypeVar("T")
+
+#: How long ``watch`` keeps asking a service that does not answer (a restart, a
+#: failover) before it gives up; the work goes on either way.
+OUTAGE_SECONDS = 120.0
 
 #: ``watch`` says once that nothing has picked the work up after this long.
 QUEUED_HINT_SECONDS = 30.0
@@ -22,3 +33,30 @@ class QueuedHint:
         if status == "queued" and not self.said and waited >= QUEUED_HINT_SECONDS:
             print(self.message, file=sys.stderr, flush=True)
             self.said = True
+
+
+class Outage:
+    """Asks again while the service does not answer (unreachable, 5xx, 429), for
+    up to :data:`OUTAGE_SECONDS` in a row, saying so once on stderr: ``watch``
+    gave up on a restart of a few seconds while the job trained on (helper-71)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None
+
+    def ask(self, fetch: Callable[[], T], interval: float) -> T:
+        while True:
+            try:
+                answer = fetch()
+            except ServiceFailedError as exc:
+                now = time.monotonic()
+                if self.since is None:
+                    self.since = now
+                    note = f"{exc}; asking again for up to {OUTAGE_SECONDS:g} s"
+                    print(f"{note} ({self.what} goes on meanwhile)", file=sys.stderr, flush=True)
+                elif now - self.since > OUTAGE_SECONDS:
+                    raise
+                time.sleep(max(interval, 1.0))
+                continue
+            self.since = None
+            return answer
