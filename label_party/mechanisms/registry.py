@@ -228,6 +228,11 @@ def fit(
         # A solver's own failure (an IndexError, a LinAlgError) is the mechanism's:
         # a release must charge it like any other (releases.service), never let it
         # through as a free 500 whose occurrence may depend on a noisy prior.
+        if isinstance(exc, OverflowError):  # e^ε past 1.8e308: ε above about 709
+            raise MechanismError(
+                f"{name} could not be fitted at ε = {epsilon:g}: e^ε overflows a float; "
+                "give a smaller ε (past about 40 every label is kept all but surely anyway)"
+            ) from exc
         raise MechanismError(f"{name} could not be fitted ({type(exc).__name__})") from exc
 
 

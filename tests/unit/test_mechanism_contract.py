@@ -139,3 +139,11 @@ def test_an_unknown_parameter_is_refused_with_the_allowed_ones(name: str) -> Non
             domain=(0.0, 4.0), params={"bogus": 1})  # fmt: skip
     assert str(err.value).endswith(f"bogus for {'unbiased' if name == 'auto' else name}; "
                                    f"allowed: {ALLOWED_PARAMS[name]}")  # fmt: skip
+
+
+def test_an_epsilon_whose_exponential_overflows_says_so() -> None:
+    """debiased-rr at ε ≥ 710 was refused as "could not be fitted (OverflowError)"
+    (helper-70): free, but no help."""
+    with pytest.raises(MechanismError, match="e\\^ε overflows a float"):
+        fit("debiased-rr", epsilon=800.0, values=np.array([0.0, 1.0, 2.0]),
+            prior=np.full(3, 1 / 3), domain=(0.0, 2.0))  # fmt: skip
