@@ -623,6 +623,8 @@ def _training_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _training_create(args: argparse.Namespace) -> int:
+    if not args.features.is_file():  # before a key is announced for a request never sent
+        raise CommandError(f"cannot read {args.features}: no such file")
     spec = _training_spec(args)
     try:
         with args.features.open("rb") as fh:
