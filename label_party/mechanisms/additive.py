@@ -85,7 +85,12 @@ from label_party.mechanisms.base import (
     rare_draws,
     validate_prior,
 )
-from label_party.mechanisms.lattice import LATTICE_STEPS, geometric, two_sided_geometric
+from label_party.mechanisms.lattice import (
+    LATTICE_STEPS,
+    MIN_RATE,
+    geometric,
+    two_sided_geometric,
+)
 from label_party.mechanisms.rounding import round_to_integers
 
 __all__ = [
@@ -682,12 +687,20 @@ class AdditiveMechanism(ContinuousMechanism):
         return lo - FAR_STEPS, hi + FAR_STEPS
 
     def checked_window(self) -> AdditiveMechanism:
-        """``self``, or :class:`MechanismError` if unclipped its noise reaches past
-        :data:`FAR_STEPS` with more than :data:`FAR_MASS` (a free refusal: ε and
-        the domain are public)."""
+        """``self``, or :class:`MechanismError` if its integer noise is finer than
+        its 62 binary digits hold (:data:`~.lattice.MIN_RATE`), or if unclipped it
+        reaches past :data:`FAR_STEPS` with more than :data:`FAR_MASS` (free
+        refusals: ε and the domain are public)."""
+        noise = self.lattice_noise if self.lattice_noise is not None else self.noise
+        rate = getattr(noise, "rate", None)
+        if rate is not None and rate < MIN_RATE:
+            raise MechanismError(
+                f"{self.name} at ε = {self.epsilon:g} over {self._steps():g} integer steps is "
+                f"noise finer than this service draws exactly (ε per step below {MIN_RATE:.2g}): "
+                "raise ε or narrow the domain"
+            )
         if self.clip:
             return self
-        noise = self.lattice_noise if self.lattice_noise is not None else self.noise
         beyond = 2.0 * float(noise.tail(np.array([FAR_STEPS - LATTICE_STEPS], dtype=float))[0])
         if beyond > FAR_MASS:
             raise MechanismError(
@@ -696,6 +709,9 @@ class AdditiveMechanism(ContinuousMechanism):
                 "exactly: raise ε or set clip=true"
             )
         return self
+
+    def _steps(self) -> float:
+        return float(LATTICE_STEPS) if self.lattice_noise is not None else self.hi - self.lo
 
     # -- analysis -----------------------------------------------------------
 

@@ -18,7 +18,8 @@ probability ``p`` tiny and the holes begin near probability ``2⁻⁵³/p``.
 ``q^G = Π q^{2^i b_i}`` — as a coin with ``P(b_i = 1) = 1 / (1 + q^{−2^i})``
 compared against a uniform 128-bit integer. Every value of ``G`` below ``2^I`` is
 reachable, ``I`` the first digit whose coin rounds to 0 (``P(G ≥ 2^I)`` below
-2⁻¹²⁸). Each coin is drawn for its rarer side, whose probability ``p ≤ ½`` is
+2⁻¹²⁸), or 62 (a rate below :data:`MIN_RATE`, refused where a mechanism is
+fitted). Each coin is drawn for its rarer side, whose probability ``p ≤ ½`` is
 computed in decimal to 80 digits and floored to a count of 2¹²⁸ draws, so it is
 off by a relative 2⁻¹²⁸/p at most: the privacy loss of every output is that of
 the exact law to that precision, and outputs rarer than 2⁻¹²⁸ may not occur at
@@ -48,8 +49,8 @@ LATTICE_STEPS = 1 << 16
 #: A coin is a count of this many equally likely draws (two 64-bit words).
 COIN_QUANTA = 1 << 128
 
-#: Decimal digits a coin's probability is computed to (rates reach 10⁻²⁷: an ε of
-#: 10⁻¹² over 2⁵¹ steps, where ``1 − e^{−rate}`` keeps 50 of them).
+#: Decimal digits a coin's probability is computed to (rates reach :data:`MIN_RATE`,
+#: 2·10⁻¹⁷, where ``1 − e^{−rate}`` keeps 60 of them).
 _DIGITS = 80
 
 #: Past this exponent ``1/(1 + e^x)`` is below 2⁻¹²⁸: the coin never comes up.
@@ -59,6 +60,12 @@ _HALF_WORD = 1 << 64
 
 #: The geometric's digits: ``G`` is an int64.
 _MAX_DIGITS = 62
+
+#: The least rate whose geometric the 62 digits hold to 2⁻¹²⁸ (``P(G ≥ 2⁶²) =
+#: e^{−rate·2⁶²}``). Below it the digits draw ``G mod 2⁶²``, a different law: at
+#: ε = 10⁻¹² over 2⁵¹ integer steps every digit was a fair coin and an output's
+#: realized loss was 10⁹ ε (helper-74). About ε/Δ < 2·10⁻¹⁷; refused at the fit.
+MIN_RATE = _NEVER / 2**_MAX_DIGITS
 
 
 def geometric(rate: float, n: int, rng: np.random.Generator) -> FloatArray:

@@ -126,6 +126,24 @@ def test_the_realized_discrete_laplace_steps_by_e_to_the_rate(rate: float) -> No
             assert abs(ratio / step - 1) < Decimal("1e-20"), (rate, k, ratio / step - 1)
 
 
+@pytest.mark.parametrize(
+    ("epsilon", "bounds", "params"),
+    [(1e-12, (-(2.0**51), 2.0**51), {"discrete": True, "clip": True}),
+     (1e-12, (0.0, 1.0), {"clip": True})],
+)  # fmt: skip
+def test_noise_finer_than_62_digits_hold_is_refused_at_the_fit(
+    epsilon: float, bounds: tuple[float, float], params: dict[str, bool]
+) -> None:
+    """Below MIN_RATE the 62 digits draw G mod 2⁶², not G: at ε = 10⁻¹² over 2⁵²
+    integer steps every digit was a fair coin and the realized loss of the domain's
+    edge was 10⁹ ε (helper-74). Just above it, the digits hold all but 2⁻¹²⁸."""
+    with pytest.raises(MechanismError, match="finer than this service draws exactly"):
+        fit("laplace", epsilon=epsilon, values=np.array(bounds), prior=np.array([0.5, 0.5]),
+            domain=bounds, params=params)  # fmt: skip
+    assert math.exp(-lattice.MIN_RATE * 2.0**62) <= 2.0**-128
+    assert len(lattice.digit_counts(lattice.MIN_RATE)) == 62
+
+
 def test_a_coin_whose_first_word_ties_is_decided_by_the_second(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
