@@ -13,15 +13,17 @@ from __future__ import annotations
 import math
 import re
 from datetime import datetime
-from decimal import ROUND_FLOOR, Decimal
+from decimal import ROUND_FLOOR, Context, Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 
 #: An amount sent as text: a JSON number's spelling, nothing more. ``Decimal``
 #: alone also takes "1_0" (10), "١" (Arabic-Indic one), " 0.1 " and "+0.1", and a
-#: release spent ε = 10 for "1_0" (helper-70).
-AMOUNT_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+#: release spent ε = 10 for "1_0" (helper-70). At most 40 digits either side of
+#: the point and a 3-digit exponent: "1e99999999999999999999" overflowed Decimal's
+#: context, a 500 (helper-74).
+AMOUNT_TEXT = re.compile(r"-?[0-9]{1,40}(\.[0-9]{1,40})?([eE][+-]?[0-9]{1,3})?")
 
 
 def _amount_spelling(value: Any) -> Any:
@@ -40,8 +42,8 @@ def _amount_spelling(value: Any) -> Any:
         return Decimal(value)
     if isinstance(value, int):
         return Decimal(value)
-    if isinstance(value, float):
-        return Decimal(repr(value))
+    if isinstance(value, float):  # float's repr: numpy's says "np.float64(0.5)"
+        return Decimal(float.__repr__(value))
     return value
 
 
@@ -69,6 +71,10 @@ def float_below(amount: Decimal) -> float:
     return math.nextafter(nearest, -math.inf) if Decimal(nearest) > amount else nearest
 
 
+#: Wide enough that an amount of at most 10⁴¹ to 18 places never rounds.
+WIDE = Context(prec=100)
+
+
 #: The labels party's ledger counts ε in units of 10⁻¹² and δ in units of 10⁻¹⁸,
 #: at most 2⁶² units: an amount it cannot hold exactly is refused, never rounded.
 EPSILON_SCALE = 10**12
@@ -82,10 +88,14 @@ def ledger_units(amount: Decimal, scale: int, what: str) -> int:
     with this before acting on it)."""
     if not amount.is_finite() or amount < 0:
         raise ValueError(f"{what} must be a finite non-negative number")
-    scaled = amount * scale
-    if scaled != scaled.to_integral_value():
-        raise ValueError(f"{what} has more than {len(str(scale)) - 1} decimal places")
-    units = int(scaled)
+    if amount.adjusted() > 40:  # far past MAX_UNITS; keeps the product below exact
+        raise ValueError(f"{what} is too large: at most {largest_amount(scale):f}")
+    places = len(str(scale)) - 1
+    if amount != amount.quantize(Decimal(1).scaleb(-places), context=WIDE):
+        # In a context wide enough to hold every digit: Decimal's default 28 digits
+        # rounded 0.1000000000000000000000000000001 to 0.1 (helper-74).
+        raise ValueError(f"{what} has more than {places} decimal places")
+    units = int(amount.scaleb(places, WIDE))
     if units > MAX_UNITS:
         raise ValueError(f"{what} is too large: at most {largest_amount(scale):f}")
     return units

@@ -36,19 +36,23 @@ class QueuedHint:
 
 
 class Outage:
-    """Asks again while the service does not answer (unreachable, 5xx, 429), for
-    up to :data:`OUTAGE_SECONDS` in a row, saying so once on stderr: ``watch``
+    """Asks again while a service that has answered stops answering (unreachable,
+    5xx, 429), for up to :data:`OUTAGE_SECONDS` in a row, saying so once on stderr: ``watch``
     gave up on a restart of a few seconds while the job trained on (helper-71)."""
 
     def __init__(self, what: str) -> None:
         self.what = what
         self.since: float | None = None
+        #: Only a service that has answered is waited for: a wrong URL is not an outage.
+        self.answered = False
 
     def ask(self, fetch: Callable[[], T], interval: float) -> T:
         while True:
             try:
                 answer = fetch()
             except ServiceFailedError as exc:
+                if not self.answered:
+                    raise
                 now = time.monotonic()
                 if self.since is None:
                     self.since = now
@@ -58,5 +62,5 @@ class Outage:
                     raise
                 time.sleep(max(interval, 1.0))
                 continue
-            self.since = None
+            self.since, self.answered = None, True
             return answer

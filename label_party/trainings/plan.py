@@ -43,15 +43,25 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from typing import Any
 
+from shared.protocol import DELTA_SCALE, EPSILON_SCALE, WIDE, float_below
 
-def below_charged(amount: float) -> float:
-    """A stored spec's ε or δ as the accountant targets it: the double just below.
-    The spec holds the double nearest the Decimal the ledger charged, which is
-    above it half the time; calibrating to it could overshoot the charge by an
-    ulp (helper-69)."""
-    return math.nextafter(float(amount), 0.0)
+
+def below_charged(amount: float, scale: int) -> float:
+    """A stored spec's ε (``scale`` EPSILON_SCALE) or δ (DELTA_SCALE) as the
+    accountant targets it: the
+    largest double not above the amount the ledger charged. The spec holds the
+    double nearest that amount, above it half the time: calibrating to it could
+    overshoot the charge by an ulp (helper-69). Where the double's ulp is finer
+    than the ledger's unit, the charge is the one amount of the ledger's within
+    half an ulp; elsewhere (ε ≥ 4096, δ ≥ 2⁻⁸) one ulp down is below it."""
+    value = float(amount)
+    unit = WIDE.divide(Decimal(1), Decimal(scale))
+    if math.ulp(value) < float(unit):
+        return float_below(Decimal(value).quantize(unit, context=WIDE))
+    return math.nextafter(value, 0.0)
 
 
 class InfeasiblePlanError(ValueError):
@@ -140,7 +150,8 @@ def noise_plan(
     # ε falls as σ grows, so the ceiling is one accountant call: an infeasible
     # spec is refused without a full calibration.
     ceiling = batch * math.sqrt(steps)
-    target = below_charged(epsilon), below_charged(delta)  # what the accountant may use
+    # What the accountant targets: never above the charge.
+    target = below_charged(epsilon, EPSILON_SCALE), below_charged(delta, DELTA_SCALE)
     try:
         if epsilon_for(ceiling, rate, steps, target[1], amplification=amplification) > target[0]:
             raise InfeasiblePlanError(

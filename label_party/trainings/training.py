@@ -27,6 +27,7 @@ from label_party.labeldp_pro.dpsgd import (
 from label_party.trainings.plan import below_charged
 from label_party.trainings.schemas import unread_fields
 from shared.artifact import model_artifact, preprocessing_dict
+from shared.protocol import DELTA_SCALE, EPSILON_SCALE
 from shared.torch_files import save_torch_file
 from shared.torch_models import ImageCNN, ImageCNNConfig, TabularMLP, TabularMLPConfig
 
@@ -101,8 +102,8 @@ def activation_count(spec: dict[str, Any], num_features: int, num_classes: int) 
 def config_for(spec: dict[str, Any], num_classes: int, device: str) -> LabelDPProConfig:
     options = {k: spec[k] for k in _PASSED if spec.get(k) is not None}
     return LabelDPProConfig(
-        epsilon=below_charged(spec["epsilon"]),
-        delta=below_charged(spec["delta"]),
+        epsilon=below_charged(spec["epsilon"], EPSILON_SCALE),
+        delta=below_charged(spec["delta"], DELTA_SCALE),
         num_classes=num_classes,
         device=device,
         **options,

@@ -32,6 +32,29 @@ def test_ten_tenths_exhaust_one_exactly() -> None:
 def test_too_many_decimals_are_refused_not_rounded() -> None:
     with pytest.raises(InvalidRequestError):
         epsilon_units(Decimal("0.1234567890123"))
+    # Multiplied in Decimal's default 28 digits, this one rounded to 0.1 (helper-74).
+    with pytest.raises(InvalidRequestError, match="decimal places"):
+        epsilon_units(Decimal("0.1000000000000000000000000000001"))
+    with pytest.raises(InvalidRequestError, match="too large"):
+        epsilon_units(Decimal("1e999"))
+
+
+def test_amounts_arrive_as_exact_decimals_or_clear_refusals() -> None:
+    """Text with a huge exponent overflowed Decimal's context inside the validator
+    (a 500), and a numpy float's repr is not a number (helper-74)."""
+    import pydantic
+
+    from shared.protocol import ReleaseCreate
+
+    def epsilon(value: object) -> Decimal:
+        body = ReleaseCreate.model_validate({"mechanism": {"name": "rr"}, "epsilon": value})
+        return body.epsilon
+
+    assert epsilon(np.float64(0.5)) == Decimal("0.5") and epsilon(0.1) == Decimal("0.1")
+    assert epsilon("2.5e-3") == Decimal("0.0025") and epsilon(3) == Decimal(3)
+    for text in ("1e99999999999999999999", "1e-99999999999", "1" * 41):
+        with pytest.raises(pydantic.ValidationError, match="spelled as one"):
+            epsilon(text)
 
 
 def test_a_mechanism_never_runs_at_more_than_the_charged_epsilon() -> None:
@@ -48,8 +71,11 @@ def test_a_mechanism_never_runs_at_more_than_the_charged_epsilon() -> None:
         amount = epsilon_decimal(int(units))
         below = float_below(amount)
         assert Fraction(below) <= Fraction(amount) < Fraction(np.nextafter(below, np.inf))
-        assert Fraction(below_charged(float(amount))) < Fraction(amount)
+        assert Fraction(below_charged(float(amount), 10**12)) == Fraction(below)
     assert float_below(Decimal("19.900000004948")) < float(Decimal("19.900000004948"))
+    # An amount a double holds exactly is run at as it is (0.5, not 0.49999999999999994).
+    assert below_charged(0.5, 10**12) == 0.5 and below_charged(1e-5, 10**18) < 1e-5
+    assert below_charged(1000.5, 10**12) == 1000.5 and below_charged(1e6 + 0.5, 10**12) < 1e6 + 0.5
 
 
 @pytest.mark.parametrize("text", ["1_0", "\u0661", "+0.1", ".5", "1e", "Infinity"])

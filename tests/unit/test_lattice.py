@@ -209,6 +209,11 @@ def test_the_exponential_mechanism_keeps_e_to_the_epsilon_from_its_least_epsilon
         for a in laws:
             for b in laws:
                 assert max(Decimal(x) / Decimal(y) for x, y in zip(a, b, strict=True)) <= bound
+    from shared.protocol import float_below
+
+    at_least = float_below(Decimal("0.000000001"))  # what a release at "1e-9" runs at
+    fit("exponential", epsilon=at_least, values=np.array([0.0, 1.0]),
+        prior=np.array([0.5, 0.5]), domain=(0.0, 1.0))  # fmt: skip
     with pytest.raises(MechanismError, match="exponential runs at"):
         fit("exponential", epsilon=epsilon / 2, values=np.array([0.0, 1.0]),
             prior=np.array([0.5, 0.5]), domain=(0.0, 1.0))  # fmt: skip
