@@ -25,6 +25,7 @@ from feature_party.uploads import sweep_stale
 from shared import readiness
 from shared.errors import UnexpectedErrorMiddleware
 from shared.limits import BodyLimitMiddleware
+from shared.overload import RequestLimitMiddleware, enough_threads
 from shared.request_log import RequestLogMiddleware
 
 
@@ -36,6 +37,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        enough_threads(settings.max_concurrent_requests)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         sweep_stale(settings.data_dir / "tmp")
         database = Database(settings.resolved_database_url)
@@ -70,6 +72,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         authorized=admin_only(admin_token),
     )
     app.add_middleware(UnexpectedErrorMiddleware, logger=exception_handlers.ERROR_LOGGER)
+    app.add_middleware(RequestLimitMiddleware, max_requests=settings.max_concurrent_requests)
     app.add_middleware(RequestLogMiddleware, logger="feature_party.access")  # outermost
     secured = [Depends(require_admin)]
     routers = (

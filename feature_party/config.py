@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     #: Largest accepted body that is not a multipart upload (JSON), parsed whole in
     #: memory (413 above).
     max_json_bytes: int = Field(default=64 * 1024**2, ge=1)
+    #: Requests answered at once (503 ``overloaded`` beyond); the thread pool gets
+    #: as many threads (``shared.overload``).
+    max_concurrent_requests: int = Field(default=100, ge=1, le=10_000)
     job_lease_seconds: Seconds = 60.0
     heartbeat_seconds: Seconds = 5.0
     poll_seconds: Seconds = 1.0

@@ -28,6 +28,7 @@ from label_party.storage import sweep_orphans
 from label_party.trainings.endpoints import router as trainings_router
 from shared.errors import UnexpectedErrorMiddleware
 from shared.limits import BodyLimitMiddleware
+from shared.overload import RequestLimitMiddleware, enough_threads
 from shared.request_log import RequestLogMiddleware
 
 logger = logging.getLogger("label_party")
@@ -38,6 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        enough_threads(settings.max_concurrent_requests)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         db = connect(settings.resolved_database_url)
         migrate(db.engine)
@@ -68,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         authorized=known_caller(app),
     )
     app.add_middleware(UnexpectedErrorMiddleware, logger=exception_handlers.ERROR_LOGGER)
+    app.add_middleware(RequestLimitMiddleware, max_requests=settings.max_concurrent_requests)
     app.add_middleware(RequestLogMiddleware, logger=ACCESS_LOGGER, observe=observe_request)
     for router in (
         datasets_router,

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     #: Seconds a preview's fit may run (the unbiased LP takes minutes past a few
     #: thousand values): 422 beyond, and the slot is free again.
     preview_seconds: Seconds = 30.0
+    #: Requests answered at once (503 ``overloaded`` beyond); the thread pool gets
+    #: as many threads (``shared.overload``).
+    max_concurrent_requests: int = Field(default=100, ge=1, le=10_000)
     log_level: LogLevel = "INFO"
     #: LabelDP-Pro trainings (``labeldp label-party worker``): the torch device
     #: (``auto``: CUDA when the worker has it), how often an idle worker polls,
