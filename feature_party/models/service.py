@@ -179,8 +179,12 @@ def _predictor(path: str) -> Predictor:
 
 
 def _loaded(session: Session, settings: Settings, model_id: str) -> Predictor:
-    """The model's predictor (404 for an unknown model), cached by artifact path."""
-    return _predictor(str(artifact_path(session, settings, model_id).resolve()))
+    """The model's predictor (404 for an unknown model), cached by artifact path.
+    The session's connection goes back first: a prediction held it while it read
+    and predicted the whole file, and 75 of them took the pool (helper-72)."""
+    path = artifact_path(session, settings, model_id)
+    end_reads(session)
+    return _predictor(str(path.resolve()))
 
 
 #: Rows an error names at most.

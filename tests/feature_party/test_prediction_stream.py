@@ -175,3 +175,30 @@ def test_a_prediction_holds_a_few_times_its_file_not_its_rows_as_objects(
     size = path.stat().st_size
     assert sent > size  # the answer is bigger than the file: ids and numbers again
     assert peak < 10 * size, f"peak {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file"
+
+
+def test_a_prediction_gives_its_database_connection_back_before_it_reads_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It held the request's transaction, and its pooled connection, through
+    reading and predicting the whole file: 75 predictions of a 100k-row file took
+    the pool (5 + 10) and other requests got 503 (helper-72)."""
+    from feature_party.db import Database, migrate
+    from feature_party.models import service
+    from feature_party.orm import Model
+    from tests.feature_party.conftest import make_settings
+
+    settings = make_settings(tmp_path)
+    database = Database(settings.resolved_database_url)
+    migrate(database.engine)
+    with database.session() as session:
+        session.add(Model(id="m1", job_id=None, path="models/m1.pt", task="regression",
+                          loss="squared", metrics={}))  # fmt: skip
+    with database.session() as session:
+        held: list[bool] = []
+        monkeypatch.setattr(
+            service, "_predictor", lambda path: held.append(session.in_transaction())
+        )
+        service._loaded(session, settings, "m1")
+        assert held == [False]
+    database.dispose()
