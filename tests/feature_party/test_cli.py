@@ -86,7 +86,7 @@ def test_multistage_options_are_checked_before_any_request(tmp_path: Path) -> No
             "--url", "http://127.0.0.1:9", "--feature-set", "f", "--labels-party-url",
             "http://127.0.0.1:9", "--dataset", "d"]  # fmt: skip
     cases = [
-        (["--epsilon", "nan"], "--epsilon must be a finite number > 0, got nan"),
+        (["--epsilon", "nan"], "--epsilon: expected a number such as 1 or 0.5, got 'nan'"),
         (["--epsilon", "1", "--temperature", "inf"], "--temperature must be a finite number"),
         (["--epsilon", "1", "--training", "[1]"], "--training must be a JSON object"),
     ]
