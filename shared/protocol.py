@@ -88,7 +88,7 @@ def ledger_units(amount: Decimal, scale: int, what: str) -> int:
     with this before acting on it)."""
     if not amount.is_finite() or amount < 0:
         raise ValueError(f"{what} must be a finite non-negative number")
-    if amount.adjusted() > 40:  # far past MAX_UNITS; keeps the product below exact
+    if amount.adjusted() > 40:  # far past MAX_UNITS, and WIDE holds every digit below it
         raise ValueError(f"{what} is too large: at most {largest_amount(scale):f}")
     places = len(str(scale)) - 1
     if amount != amount.quantize(Decimal(1).scaleb(-places), context=WIDE):

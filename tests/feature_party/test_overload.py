@@ -33,4 +33,4 @@ def test_a_storm_of_reads_is_served_or_refused_at_once(postgres_url: str, tmp_pa
             answers = Counter(pool.map(get, range(150)))
         took = time.monotonic() - started
     assert set(answers) <= {"200", "overloaded"}, answers
-    assert answers["200"] >= 60 and took < 20, (answers, took)
+    assert answers["200"] >= 60 and took < 25, (answers, took)  # jammed: 30 s and 503s
