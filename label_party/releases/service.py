@@ -47,6 +47,7 @@ from label_party.db import transaction
 from label_party.example_priors import service as example_priors
 from label_party.exceptions import (
     ConflictError,
+    FileMissingError,
     IdempotencyConflictError,
     InvalidRequestError,
     LabelPartyError,
@@ -72,7 +73,7 @@ from label_party.releases.pipeline import (
     randomize,
     randomize_with_example_priors,
 )
-from label_party.storage import labels_path, partition_path
+from label_party.storage import labels_path, partition_path, persisted
 from shared.errors import CAPACITY_ERRNOS
 from shared.logging import exception_fields
 from shared.parquet import publish_by_hash, temp_path
@@ -210,6 +211,9 @@ class _Scope:
 def _scope(settings: Settings, session: Session, dataset: Dataset, body: ReleaseCreate) -> _Scope:
     if dataset.labels_sha256 is None:
         raise ConflictError("the dataset has no labels yet")
+    # A file the row names and the disk lacks (lost, or the rare unlink of two
+    # uploads that alternated: helper-72) is file_missing, not a bare 500.
+    persisted(settings, labels_path(settings, dataset), "the dataset's labels")
     plan = _plan(body, dataset)
     parts = normalize_parts(body.parts)
     selected = None if parts is None else _selected_ids(settings, session, dataset, parts)
@@ -238,7 +242,7 @@ def _precheck(
         return
     try:
         scope = _scope(settings, session, dataset, body)
-    except FileNotFoundError:
+    except (FileNotFoundError, FileMissingError):
         # Labels replaced since this row was read took their file with them: the
         # head start is off, and the locked path, which reads the row anew, decides.
         return

@@ -631,7 +631,7 @@ def test_a_release_whose_file_was_lost_says_so(server: Server) -> None:
     """A download whose file an operator removed failed with an anonymous 500 (or
     cut its streamed JSON short); it names the file to restore."""
     admin = server.client()
-    ds = create_dataset(admin)
+    ds = create_dataset(admin, epsilon_budget=3)
     assert upload_labels(admin, ds, ["a", "b", "c"], [1.0, 2.0, 3.0]).status_code == 200
     made = release(admin, ds, 1)
     assert made.status_code == 201, made.text
@@ -640,3 +640,12 @@ def test_a_release_whose_file_was_lost_says_so(server: Server) -> None:
         r = admin.get(f"/v1/releases/{made.json()['id']}/labels?format={fmt}")
         assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
         assert f"releases/{made.json()['sha256']}.parquet" in r.json()["message"]
+    # The labels' file lost (two uploads that alternated could unlink it; helper-72):
+    # a release said 500 internal_error; it names the file, and charges nothing.
+    spent = admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"]
+    for lost in (server.settings.labels_dir / ds).glob("*.parquet"):
+        lost.unlink()
+    r = release(admin, ds, 1)
+    assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
+    assert f"labels/{ds}/" in r.json()["message"]
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == spent
