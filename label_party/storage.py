@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -108,15 +108,33 @@ def release_path(settings: Settings, sha256: str) -> Path:
     return settings.releases_dir / f"{sha256}.parquet"
 
 
-def delete_after_commit(session: Session, path: Path, what: str) -> None:
+def delete_after_commit(
+    session: Session,
+    path: Path,
+    what: str,
+    *,
+    named_again: Callable[[Session], bool] | None = None,
+) -> None:
     """Delete ``path`` once ``session``'s transaction commits (before it, a row may
     still name the file). A crash in between leaves it to the start-up sweep
-    (``orphans/``); a failed deletion is logged, never the request's failure."""
+    (``orphans/``); a failed deletion is logged, never the request's failure.
 
-    def delete(_session: Session) -> None:
+    ``named_again``, for a file a later request may publish anew (content-named
+    labels: B replaced A, then A came back), runs first in a transaction of its
+    own that takes the lock such a request publishes under, and the file is kept
+    if it says a row names it again: deleted after that request's commit, the live
+    file was gone (helper-72)."""
+
+    def delete(committed: Session) -> None:
         try:
+            if named_again is not None:
+                with Session(committed.get_bind()) as check, check.begin():
+                    if named_again(check):
+                        return
+                    path.unlink(missing_ok=True)  # under the lock
+                return
             path.unlink(missing_ok=True)
-        except OSError as exc:
+        except Exception as exc:  # the request has committed: log only
             logger.error("%s not deleted", what, exc_info=exc)
 
     event.listen(session, "after_commit", delete, once=True)

@@ -71,7 +71,13 @@ def upload(
         # Replacing raw labels (a correction, a deletion request) must not leave
         # them on disk; nothing can reference them again, since labels are
         # replaced only while no release or training exists.
-        delete_after_commit(session, replaced, "replaced labels")
+        dataset_id = locked.id
+
+        def named_again(check: Session) -> bool:
+            current = lock_dataset(check, dataset_id)
+            return labels_path(settings, current) == replaced
+
+        delete_after_commit(session, replaced, "replaced labels", named_again=named_again)
     locked.labels_sha256 = sha
     locked.num_labels = count
     audit.append(

@@ -336,6 +336,41 @@ def test_replaced_labels_are_deleted_once_the_new_ones_commit(server: Server) ->
     assert r.status_code == 201, r.text
 
 
+def test_labels_published_again_are_not_deleted_by_the_upload_they_replaced(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upload B replaced A and deleted A's file after its commit; an upload of A
+    that committed in between (same content, same file) lost its file, and the
+    next release failed (helper-72, with an injected delay). Here that upload of
+    A is made to commit exactly there."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    from label_party.labels import service as labels_service
+    from label_party.ledger.service import lock_dataset
+
+    admin = server.client()
+    ds = create_dataset(admin)
+    labels_dir = Path(server.env["LABELDP_DATA_DIR"]) / "labels" / ds
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    (first,) = labels_dir.iterdir()
+    real = labels_service.delete_after_commit
+
+    def racing(session: Session, path: Path, what: str, **options: Any) -> None:
+        def upload_a_again(committed: Session) -> None:
+            with Session(committed.get_bind()) as other, other.begin():
+                lock_dataset(other, ds).labels_sha256 = first.stem
+
+        event.listen(session, "after_commit", upload_a_again, once=True)  # before the delete
+        real(session, path, what, **options)
+
+    monkeypatch.setattr(labels_service, "delete_after_commit", racing)
+    assert upload_labels(admin, ds, ["a", "b"], [3.0, 4.0]).status_code == 200
+    assert first.is_file()
+    r = release(admin, ds, 0.1)
+    assert r.status_code == 201, r.text
+
+
 def test_json_bodies_are_bounded_and_anonymous_bodies_are_refused_first(
     make_server: object,
 ) -> None:
