@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
@@ -213,15 +214,52 @@ class Checkpointing:
 
 
 def secure_torch_generator(device: str | torch.device = "cpu") -> torch.Generator:
-    """A torch generator seeded from the OS (DESIGN.md §3.5).
-
-    torch takes 64-bit seeds, so this draws 64 fresh bits from ``secrets`` (the
-    numpy twin, ``label_party.mechanisms.base.secure_generator``, draws 128).
-    Production runs use this; only tests pass their own seeded generator.
-    """
+    """A torch generator seeded from the OS, for draws whose secrecy the guarantee
+    does not rest on (ALTCONV's public batch, debiasing draws); the Poisson coins
+    and the noise come from :class:`SecretDraws`. torch's CPU generator keeps only
+    32 bits of its seed, whatever it is given."""
     gen = torch.Generator(device=torch.device(device))
     gen.manual_seed(secrets.randbits(64))
     return gen
+
+
+#: A Poisson coin compares a uniform 53-bit integer with ``⌊q·2⁵³⌋``, so that the
+#: realized rate is never above the accounted ``q`` (float32 uniforms, multiples
+#: of 2⁻²⁴, made it ``⌈q·2²⁴⌉/2²⁴``: +1.3 % at q = 10⁻⁶; helper-76).
+_COIN_BITS = 53
+
+
+class SecretDraws:
+    """The draws the (ε, δ) guarantee rests on (DESIGN.md §3.5): the Poisson coins
+    and the Gaussian noise. In production a numpy ``PCG64DXSM`` stream under 128
+    fresh OS bits (``label_party.mechanisms.base.secure_generator``'s seeding):
+    torch's CPU generator is an mt19937 that keeps 32 bits of any seed, and with
+    2³² streams a features party that knows the initial weights and every other
+    label found the seed, the noise and the label of a one-step training by search
+    (helper-76). Tests pass a seeded torch generator instead, for repeatable runs."""
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self._torch = generator
+        self._numpy = (
+            None if generator is not None else np.random.Generator(
+                np.random.PCG64DXSM(secrets.randbits(128))
+            )
+        )  # fmt: skip
+
+    def noise_like(self, tensor: Tensor) -> Tensor:
+        """Standard normal noise of ``tensor``'s shape, dtype and device."""
+        if self._numpy is None:
+            return torch.randn(tensor.shape, generator=self._torch, device=tensor.device,
+                               dtype=tensor.dtype)  # fmt: skip
+        draws = self._numpy.standard_normal(tensor.numel())
+        return torch.from_numpy(draws).reshape(tensor.shape).to(tensor.device, tensor.dtype)
+
+    def coins(self, n: int, q: float, device: torch.device) -> Tensor:
+        """``n`` independent coins that come up with probability at most ``q``."""
+        if self._numpy is None:
+            return torch.rand(n, generator=self._torch, device=device) < q
+        words = self._numpy.integers(0, 1 << _COIN_BITS, size=n, dtype=np.int64)
+        return torch.from_numpy(words < math.floor(math.ldexp(q, _COIN_BITS))).to(device)
 
 
 def clip_per_example(per_example: Tensor, clip_norm: float) -> Tensor:
@@ -237,15 +275,10 @@ def privatize(
     noise_multiplier: float,
     clip_norm: float,
     expected_batch_size: int,
-    generator: torch.Generator,
+    draws: SecretDraws,
 ) -> Tensor:
     """Algorithm 1 line 5: ``(Σ clipped + N(0, σ²C²I)) / B``, ``B`` the expected size."""
-    noise = torch.randn(
-        clipped_sum.shape,
-        generator=generator,
-        device=clipped_sum.device,
-        dtype=clipped_sum.dtype,
-    )
+    noise = draws.noise_like(clipped_sum)
     return (clipped_sum + (noise_multiplier * clip_norm) * noise) / expected_batch_size
 
 
@@ -274,6 +307,26 @@ def _per_example_gradients(
     return grads, losses
 
 
+def _clip_factors(blocks: list[Tensor], clip_norm: float) -> Tensor:
+    """``min(1, C/‖g_i‖)`` for each example's gradient, given as per-parameter blocks
+    ``[b, d_k]``; an example whose gradient is not finite counts 0, its row zeroed
+    in place. Its inf made the sum NaN and the training fail as diverged, and
+    whether a gradient overflows can depend on its label: failure or success told
+    one label apart with certainty (helper-76). Zero is within the sensitivity (a
+    clipped row is at most C). Norms are summed in float64, whose squares of
+    float32 values do not overflow."""
+    squares = torch.stack(
+        [torch.linalg.vector_norm(b, dim=1, dtype=torch.float64) ** 2 for b in blocks]
+    )
+    norms = squares.sum(dim=0).sqrt()
+    broken = ~torch.isfinite(norms)
+    if bool(broken.any()):
+        for block in blocks:
+            block[broken] = 0.0
+        norms = torch.where(broken, torch.zeros_like(norms), norms)
+    return torch.clamp(clip_norm / torch.clamp(norms, min=1e-12), max=1.0)
+
+
 def clipped_gradient_sum(
     model: nn.Module,
     params: Params,
@@ -300,9 +353,7 @@ def clipped_gradient_sum(
         chunk = slice(start, start + physical_batch_size)
         grads, losses = _per_example_gradients(model, params, inputs[chunk], labels[chunk])
         blocks = [g.reshape(g.shape[0], -1) for g in grads.values()]
-        squares = torch.stack([torch.linalg.vector_norm(b, dim=1) ** 2 for b in blocks])
-        norms = squares.sum(dim=0).sqrt()
-        factors = torch.clamp(clip_norm / torch.clamp(norms, min=1e-12), max=1.0)
+        factors = _clip_factors(blocks, clip_norm).to(total.dtype)
         total += torch.cat([factors @ block for block in blocks])
         loss_sum += losses.detach().sum()
         del grads, blocks  # before the next batch's, not after
@@ -342,6 +393,7 @@ def train_labeldp_pro(
     y = labels.to(device=device, dtype=torch.int64)
     model.to(device)
     gen = generator if generator is not None else secure_torch_generator(device)
+    draws = SecretDraws(generator)
 
     steps_per_epoch = max(1, round(n / config.expected_batch_size))
     total_steps = config.epochs * steps_per_epoch
@@ -360,7 +412,7 @@ def train_labeldp_pro(
         )
 
     optimizer = _make_optimizer(model, config)
-    loop = _Loop(model, x, y, config, sigma, q, gen, optimizer, poll)
+    loop = _Loop(model, x, y, config, sigma, q, gen, draws, optimizer, poll)
     resume = checkpointing.resume if checkpointing is not None else None
     first = 0 if resume is None else _restore(model, optimizer, resume, total_steps)
     history: list[EpochSummary] = [] if resume is None else list(resume.history)
@@ -444,18 +496,20 @@ class _Loop:
         sigma: float,
         q: float,
         generator: torch.Generator,
+        draws: SecretDraws,
         optimizer: torch.optim.Optimizer,
         poll: Poll = no_poll,
     ) -> None:
         self.model, self.x, self.y, self.config = model, x, y, config
         self.sigma, self.q, self.gen, self.optimizer = sigma, q, generator, optimizer
+        self.draws = draws
         self.poll = poll
         self.n = int(x.shape[0])
 
     def step(self, stats: _EpochStats) -> None:
         cfg = self.config
         params = trainable_parameters(self.model)
-        batch = poisson_sample(self.n, self.q, self.gen, self.x.device)
+        batch = poisson_sample(self.n, self.q, self.draws, self.x.device)
         clipped, loss_sum = clipped_gradient_sum(
             self.model,
             params,
@@ -470,7 +524,7 @@ class _Loop:
             noise_multiplier=self.sigma,
             clip_norm=cfg.clip_norm,
             expected_batch_size=cfg.expected_batch_size,
-            generator=self.gen,
+            draws=self.draws,
         )
         if not bool(torch.isfinite(noisy).all()):  # a function of DP outputs: public
             raise DivergedError(
@@ -523,11 +577,10 @@ class _Loop:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def poisson_sample(n: int, q: float, generator: torch.Generator, device: torch.device) -> Tensor:
+def poisson_sample(n: int, q: float, draws: SecretDraws, device: torch.device) -> Tensor:
     """Algorithm 1, line 2 (Poisson sampling): the indices of a batch holding each of
     ``n`` examples independently with probability ``q``; its size varies."""
-    chosen = torch.rand(n, generator=generator, device=device) < q
-    return chosen.nonzero().squeeze(1)
+    return draws.coins(n, q, device).nonzero().squeeze(1)
 
 
 class _EpochStats:

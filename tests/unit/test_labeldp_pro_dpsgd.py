@@ -21,6 +21,7 @@ from label_party.labeldp_pro.dpsgd import (
     EpochSummary,
     LabelDPProConfig,
     ProgressEvent,
+    SecretDraws,
     clip_per_example,
     clipped_gradient_sum,
     per_example_gradients,
@@ -103,7 +104,7 @@ def test_noise_std_is_sigma_c_over_expected_batch() -> None:
         noise_multiplier=sigma,
         clip_norm=clip,
         expected_batch_size=batch,
-        generator=torch.Generator().manual_seed(3),
+        draws=SecretDraws(),  # the service's own: 128 OS bits
     )
     expected = sigma * clip / batch
     assert float(out.std()) == pytest.approx(expected, rel=0.01)
@@ -114,6 +115,32 @@ def test_secure_generators_differ() -> None:
     a = torch.rand(4, generator=secure_torch_generator())
     b = torch.rand(4, generator=secure_torch_generator())
     assert not torch.equal(a, b)
+
+
+def test_the_secret_draws_have_more_than_32_bits_of_seed() -> None:
+    """torch's CPU generator keeps the low 32 bits of its seed: 2³² noise streams,
+    which a search of the released weights told apart, recovering a training's
+    noise and a label (helper-76). The noise and the coins come from a 128-bit
+    stream; seeds that differ only above bit 32 give other draws there."""
+    low, high = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5 + (1 << 40))
+    assert torch.equal(torch.randn(3, generator=low), torch.randn(3, generator=high))
+    like = torch.zeros(8)
+    assert not torch.equal(SecretDraws().noise_like(like), SecretDraws().noise_like(like))
+    draws = SecretDraws()
+    assert draws._numpy is not None
+    assert draws._numpy.bit_generator.state["bit_generator"] == "PCG64DXSM"
+
+
+def test_a_poisson_coin_never_comes_up_more_often_than_q() -> None:
+    """Float32 uniforms are multiples of 2⁻²⁴: ``rand < q`` came up ⌈q·2²⁴⌉/2²⁴ of
+    the time, 1.3 % above q = 10⁻⁶ (helper-76). The coins compare 53-bit integers
+    with ⌊q·2⁵³⌋."""
+    q = 1e-6
+    assert torch.rand(1, generator=torch.Generator().manual_seed(0)).dtype == torch.float32
+    assert math.ceil(q * 2**24) / 2**24 > q * 1.013
+    assert math.floor(math.ldexp(q, 53)) / 2**53 <= q
+    hits = sum(int(SecretDraws().coins(10**6, 0.25, torch.device("cpu")).sum()) for _ in range(4))
+    assert abs(hits / 4e6 - 0.25) < 5 * math.sqrt(0.25 * 0.75 / 4e6)
 
 
 @pytest.mark.parametrize(
@@ -150,8 +177,8 @@ def test_training_learns_a_separable_problem(denoiser: str, debias_draws: int) -
 
 def test_poisson_sampling_draws_each_example_independently() -> None:
     """Batch sizes are Binomial(n, q): mean nq and variance nq(1−q), not fixed."""
-    gen = torch.Generator().manual_seed(3)
-    batches = [poisson_sample(1000, 0.04, gen, torch.device("cpu")) for _ in range(400)]
+    draws = SecretDraws()  # the service's own: 128 OS bits
+    batches = [poisson_sample(1000, 0.04, draws, torch.device("cpu")) for _ in range(400)]
     sizes = np.array([b.numel() for b in batches], dtype=np.float64)
     assert abs(sizes.mean() - 40) < 4 * math.sqrt(38.4 / 400)
     assert 38.4 * 0.75 < sizes.var(ddof=1) < 38.4 * 1.3
@@ -404,3 +431,22 @@ def test_a_checkpoint_file_keeps_the_epoch_under_way(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "c.pt", dataclasses.replace(state, partial=None), plan)
     back = read_checkpoint(tmp_path / "c.pt", plan)
     assert back is not None and back.partial is None
+
+
+def test_an_example_whose_gradient_overflows_counts_nothing_and_breaks_no_step() -> None:
+    """Its inf made the clipped sum NaN and the training failed as diverged; whether
+    a gradient overflows can depend on the label (here label 1 overflows, label 0
+    does not), so failure told one label apart with certainty (helper-76)."""
+    model = nn.Sequential(nn.Linear(1, 1, bias=False), nn.Linear(1, 2, bias=False))
+    with torch.no_grad():
+        model[0].weight.fill_(1e-20)
+        model[1].weight.copy_(torch.tensor([[1e20], [-1e20]]))
+    params = trainable_parameters(model)
+    x = torch.full((2, 1), 1e20)
+    for labels, finite in (([0, 0], True), ([0, 1], False)):
+        per_example, _ = per_example_gradients(model, params, x, torch.tensor(labels))
+        assert bool(torch.isfinite(per_example).all()) == finite
+        total, _ = clipped_gradient_sum(model, params, x, torch.tensor(labels), clip_norm=1.0,
+                                        physical_batch_size=2)  # fmt: skip
+        assert bool(torch.isfinite(total).all()), labels
+        assert float(total.abs().max()) <= 1.0  # one clipped example at most; the other 0
