@@ -626,7 +626,8 @@ class LabelsPartyClient:
             raise _ServerError(
                 f"HTTP {status} {error}: {message}"[:300],
                 retry_after=_retry_after(response),
-                processed=status != 429,
+                # Turned away unread: a 429, or a 503 overloaded (shared.overload).
+                processed=not (status == 429 or (status == 503 and error == "overloaded")),
                 failure=None if status in UNAVAILABLE_STATUSES else answer,
             )
         raise answer
@@ -640,8 +641,9 @@ UNAVAILABLE_STATUSES = frozenset({429, 502, 503, 504})
 
 class _ServerError(Exception):
     """A 5xx or 429 answer (internal: retried, then reported as ``failure`` or, when
-    that is None, as unavailable). ``processed`` is False for a 429: the request was
-    turned away unread, so even a write that is not idempotent may be sent again."""
+    that is None, as unavailable). ``processed`` is False for a 429 and a 503
+    ``overloaded``: the request was turned away unread, so even a write that is not
+    idempotent may be sent again (a multistage run failed on one; helper-75)."""
 
     def __init__(
         self,

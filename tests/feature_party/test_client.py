@@ -256,6 +256,9 @@ def test_retry_after_is_honoured_and_a_429_retries_even_a_write(
         if answers["clients"] == 1:
             body = {"error": "too_many_requests", "message": "slow down"}
             return JSONResponse(body, status_code=429, headers={"Retry-After": "2"})
+        if answers["clients"] == 2:  # shared.overload's: unread too (it failed a run)
+            body = {"error": "overloaded", "message": "busy"}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         return JSONResponse({"id": "c1", "token": "t"})
 
     @app.get("/v1/datasets/{dataset_id}/budget")
@@ -266,15 +269,17 @@ def test_retry_after_is_honoured_and_a_429_retries_even_a_write(
 
     with serve_app(app) as url, make(url) as c, caplog.at_level("WARNING", "feature_party.client"):
         assert c.create_client(name="x") == {"id": "c1", "token": "t"}
-        assert c.sleeps == [2.0]  # type: ignore[attr-defined]
+        assert c.sleeps == [2.0, 1.0]  # type: ignore[attr-defined]
         # Each retry says what failed, why, and how long it waits (no silent hang).
         assert [r.getMessage() for r in caplog.records] == [
-            "POST /v1/clients failed (HTTP 429 too_many_requests: slow down); retry 1 of 3 in 2.0 s"
+            "POST /v1/clients failed (HTTP 429 too_many_requests: slow down); "
+            "retry 1 of 3 in 2.0 s",
+            "POST /v1/clients failed (HTTP 503 overloaded: busy); retry 2 of 3 in 1.0 s",
         ]
         with pytest.raises(LabelsPartyUnavailableError, match="503 unavailable: restarting"):
             c.get_budget("ds")
-        assert c.sleeps[1:] == [1.5, 1.5, 1.5]  # type: ignore[attr-defined]
-    assert answers == {"clients": 2, "budget": 4}
+        assert c.sleeps[2:] == [1.5, 1.5, 1.5]  # type: ignore[attr-defined]
+    assert answers == {"clients": 3, "budget": 4}
 
 
 def test_a_labels_party_that_keeps_failing_is_its_error_with_its_body() -> None:
