@@ -53,7 +53,7 @@ from label_party.labels.validation import (
 )
 from label_party.ledger.service import lock_dataset
 from label_party.models import Dataset, PriorSet
-from label_party.storage import labels_path, write_table
+from label_party.storage import labels_path, persisted, write_table
 from shared.jsonl import MAX_DEPTH, deepest
 
 
@@ -220,7 +220,8 @@ def _probabilities_table(source: IO[bytes], fmt: FileFormat, k: int) -> pa.Table
 def _unmatched(settings: Settings, dataset: Dataset, ids: pa.ChunkedArray) -> int | None:
     if dataset.labels_sha256 is None:
         return None
-    labelled = pq.read_table(labels_path(settings, dataset), columns=["example_id"])
+    path = persisted(settings, labels_path(settings, dataset), "the dataset's labels")
+    labelled = pq.read_table(path, columns=["example_id"])
     known = pc.is_in(ids, value_set=labelled.column("example_id").combine_chunks())
     return int(len(ids) - pc.sum(known).as_py())
 

@@ -47,7 +47,6 @@ from label_party.db import transaction
 from label_party.example_priors import service as example_priors
 from label_party.exceptions import (
     ConflictError,
-    FileMissingError,
     IdempotencyConflictError,
     InvalidRequestError,
     LabelPartyError,
@@ -240,9 +239,11 @@ def _precheck(
         or repository.failure_by_idempotency_key(session, dataset.id, key) is not None
     ):
         return
+    if dataset.labels_sha256 is not None and not labels_path(settings, dataset).is_file():
+        return  # replaced since this row was read, or lost: the locked path decides (and logs)
     try:
         scope = _scope(settings, session, dataset, body)
-    except (FileNotFoundError, FileMissingError):
+    except FileNotFoundError:
         # Labels replaced since this row was read took their file with them: the
         # head start is off, and the locked path, which reads the row anew, decides.
         return

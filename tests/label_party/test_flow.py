@@ -684,3 +684,12 @@ def test_a_release_whose_file_was_lost_says_so(server: Server) -> None:
     assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
     assert f"labels/{ds}/" in r.json()["message"]
     assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == spent
+    # A prior set counts its ids against the labels' (a bare 500 too; helper-75).
+    classes = create_dataset(admin, task="classification", domain={"num_classes": 2})
+    assert upload_labels(admin, classes, ["a", "b"], [0, 1]).status_code == 200
+    for lost in (server.settings.labels_dir / classes).glob("*.parquet"):
+        lost.unlink()
+    groups = b"example_id,group\na,x\nb,y\n"
+    r = admin.post(f"/v1/datasets/{classes}/priors", files={"file": ("g.csv", groups)},
+                   data={"kind": "groups"})  # fmt: skip
+    assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
