@@ -52,7 +52,7 @@ from torch.nn import functional
 
 from bench.devices import add_device_argument, check_device, gpu_name, synchronize
 from label_party.labeldp_pro import LabelDPProConfig, train_labeldp_pro
-from label_party.labeldp_pro.dpsgd import _EpochStats, _Loop, _make_optimizer
+from label_party.labeldp_pro.dpsgd import SecretDraws, _EpochStats, _Loop, _make_optimizer
 from labeldp.datasets import fashion_mnist_arrays, mnist_5k_arrays
 from shared.torch_models import ImageCNN, ImageCNNConfig
 
@@ -278,7 +278,8 @@ def train_noise_free(
     model.to(device)
     optimizer = _make_optimizer(model, config)
     x, y = x.to(device), y.to(device)
-    loop = _Loop(model, x, y, config, 0.0, config.expected_batch_size / n, gen, optimizer)
+    draws = SecretDraws(gen)  # seeded: the bench's runs repeat
+    loop = _Loop(model, x, y, config, 0.0, config.expected_batch_size / n, gen, draws, optimizer)
     started = time.perf_counter()
     for _ in range(config.epochs * steps_per_epoch):
         loop.step(_EpochStats(device))
