@@ -232,7 +232,8 @@ _COIN_BITS = 53
 class SecretDraws:
     """The draws the (ε, δ) guarantee rests on (DESIGN.md §3.5): the Poisson coins
     and the Gaussian noise. In production a numpy ``PCG64DXSM`` stream under 128
-    fresh OS bits (``label_party.mechanisms.base.secure_generator``'s seeding):
+    fresh OS bits (the seeding of ``label_party.mechanisms.base.secure_generator``,
+    whose ``PCG64`` the releases use):
     torch's CPU generator is an mt19937 that keeps 32 bits of any seed, and with
     2³² streams a features party that knows the initial weights and every other
     label found the seed, the noise and the label of a one-step training by search
