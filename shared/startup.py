@@ -9,24 +9,52 @@ database password may be in it.
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
-T = TypeVar("T")
+S = TypeVar("S", bound=BaseSettings)
 
 ENV_PREFIX = "LABELDP_"
+
+#: Every ``LABELDP_*`` variable some part of labeldp reads: both parties' settings
+#: (kept here, not imported: neither party imports the other), the CLI clients'
+#: (``label_party.cli``, ``feature_party.cli_client``), the harness's
+#: (``labeldp.harness``, ``labeldp.datasets``) and the test suite's. A test checks
+#: it against the settings classes and against every name the sources spell.
+KNOWN_VARIABLES = frozenset({
+    # both parties' settings
+    "LABELDP_ADMIN_TOKEN", "LABELDP_DATABASE_URL", "LABELDP_DATA_DIR", "LABELDP_LOG_LEVEL",
+    "LABELDP_MAX_CONCURRENT_REQUESTS", "LABELDP_MAX_JSON_BYTES", "LABELDP_MAX_UPLOAD_BYTES",
+    # the labels party's
+    "LABELDP_MODE", "LABELDP_CHUNK_SIZE", "LABELDP_MAX_CONCURRENT_PREVIEWS",
+    "LABELDP_MAX_GRID_SIZE", "LABELDP_PREVIEW_SECONDS", "LABELDP_RELEASE_BYTES_PER_LABEL",
+    "LABELDP_TEST_CRASH_POINT", "LABELDP_TEST_SEED", "LABELDP_TRAINING_DEVICE",
+    "LABELDP_TRAINING_MAX_EXAMPLE_GRADIENTS", "LABELDP_TRAINING_MAX_FEATURES_BYTES",
+    "LABELDP_TRAINING_MAX_PARAMETERS", "LABELDP_TRAINING_MAX_PROJECTION_BYTES",
+    "LABELDP_TRAINING_MAX_STEPS", "LABELDP_WORKER_HEARTBEAT_SECONDS",
+    "LABELDP_WORKER_LEASE_SECONDS", "LABELDP_WORKER_POLL_SECONDS",
+    # the features party's
+    "LABELDP_CLIENT_BACKOFF_SECONDS", "LABELDP_CLIENT_RETRIES", "LABELDP_CLIENT_TIMEOUT_SECONDS",
+    "LABELDP_HEARTBEAT_SECONDS", "LABELDP_JOB_LEASE_SECONDS", "LABELDP_POLL_SECONDS",
+    # outside the settings classes
+    "LABELDP_URL", "LABELDP_TOKEN", "LABELDP_LABELS_PARTY_TOKEN", "LABELDP_FEATURE_PARTY_URL",
+    "LABELDP_LABELS_TOKEN", "LABELDP_FEATURES_TOKEN", "LABELDP_DATASETS_DIR",
+    "LABELDP_TEST_POSTGRES_URL",
+})  # fmt: skip
 
 
 class StartupError(Exception):
@@ -34,7 +62,7 @@ class StartupError(Exception):
 
 
 def settings_problems(exc: ValidationError) -> str:
-    """``LABELDP_NAME: what is wrong; …`` for each invalid variable."""
+    """``LABELDP_<NAME>: what is wrong; …`` for each invalid variable."""
     problems = []
     for error in exc.errors():
         message = str(error["msg"]).removeprefix("Value error, ")
@@ -43,11 +71,35 @@ def settings_problems(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def load_settings(factory: Callable[[], T]) -> T:
+def load_settings(settings: type[S]) -> S:
+    """``settings`` from the environment, after :func:`check_variable_names`."""
+    check_variable_names(os.environ)
     try:
-        return factory()
+        return settings()
     except ValidationError as exc:
         raise StartupError(f"invalid settings: {settings_problems(exc)}") from None
+
+
+def check_variable_names(environ: Mapping[str, str]) -> None:
+    """Refuse a ``LABELDP_*`` variable no part of labeldp reads: a misspelled
+    setting was silently ignored, and its default ran (helper-73). Names are
+    compared upper-cased, as pydantic-settings reads them. A setting of the other
+    party passes: one environment may serve both (the demo, a shared ``.env``)."""
+    unknown = sorted(name for name in environ if name.upper().startswith(ENV_PREFIX)
+                     and name.upper() not in KNOWN_VARIABLES)  # fmt: skip
+    if unknown:
+        raise StartupError("; ".join(map(_unknown_variable, unknown)))
+
+
+def _unknown_variable(name: str) -> str:
+    # Compared without the prefix, which every name shares and would make all alike.
+    suffixes = sorted(known.removeprefix(ENV_PREFIX) for known in KNOWN_VARIABLES)
+    suffix = name.upper().removeprefix(ENV_PREFIX)
+    close = difflib.get_close_matches(suffix, suffixes, n=1, cutoff=0.8)
+    hint = (
+        f": did you mean {ENV_PREFIX}{close[0]}?" if close else " (serve --help lists the settings)"
+    )
+    return f"{name} is not a labeldp setting{hint}"
 
 
 def write_probe(directory: Path) -> None:

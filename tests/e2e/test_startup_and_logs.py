@@ -28,6 +28,11 @@ CASES = {
     "data dir under a file": ({"LABELDP_DATA_DIR": "{tmp}/file/data"}, "LABELDP_DATA_DIR"),
     "bad number": ({"LABELDP_MAX_UPLOAD_BYTES": "abc"}, "LABELDP_MAX_UPLOAD_BYTES"),
     "bad log level": ({"LABELDP_LOG_LEVEL": "verbose"}, "LABELDP_LOG_LEVEL"),
+    "misspelled setting": (
+        {"LABELDP_MAX_CONCURENT_REQUESTS": "5"},
+        "LABELDP_MAX_CONCURENT_REQUESTS is not a labeldp setting: did you mean "
+        "LABELDP_MAX_CONCURRENT_REQUESTS?",
+    ),
 }
 
 
