@@ -28,7 +28,9 @@ from shared.errors import error_response
 RETRY_AFTER_SECONDS = 1
 
 #: Answered whatever the load: an orchestrator restarts a process whose liveness
-#: probe fails, which an overload is no reason for.
+#: probe fails, which an overload is no reason for. ``/readyz`` stays limited on
+#: purpose: it runs a query on a thread, so unlimited it could be the request past
+#: the thread pool's bound, and a saturated replica is rightly not ready.
 UNLIMITED = frozenset({"/healthz"})
 
 
