@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from feature_party.client import path_segment
+from shared import strict_json
 from shared.cli_errors import (
     CommandError,
     amount_argument,
@@ -161,7 +162,7 @@ def json_arg(text: str, what: str) -> dict[str, Any]:
     try:
         # Text that looks like JSON is JSON; anything else names a file.
         source = text if text.lstrip()[:1] in ("{", "[", '"') else Path(text).read_text()
-        value = json.loads(source)
+        value = strict_json.loads(source)  # a key named twice: a ValueError
     except (OSError, ValueError) as exc:
         raise CommandError(f"{what}: not a JSON object nor a readable JSON file: {exc}") from None
     if not isinstance(value, dict):

@@ -14,6 +14,7 @@ from typing import Any
 from label_party.config import Settings, WorkerSettings
 from label_party.mechanisms.base import LOSSES
 from label_party.mechanisms.registry import AUTO_CHOICES, MECHANISMS, MechanismSpec
+from shared import strict_json
 from shared.cli_errors import (
     CommandError,
     amount_argument,
@@ -25,6 +26,7 @@ from shared.cli_errors import (
 from shared.protocol import AMOUNT_TEXT
 from shared.settings_help import add_serve_command, settings_epilog
 from shared.spending import command_key
+from shared.strict_json import DuplicateKeyError
 from shared.watching import Outage, QueuedHint
 from shared.worker_loop import run_queue_worker
 
@@ -140,7 +142,9 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise CommandError(f"--param expects KEY=VALUE, got {pair!r}")
         try:
-            params[key] = json.loads(raw)
+            params[key] = strict_json.loads(raw)
+        except DuplicateKeyError as exc:
+            raise CommandError(f"--param {key}: {exc}") from None
         except json.JSONDecodeError:
             params[key] = raw
     return params
@@ -154,7 +158,9 @@ def _read_input(path: Path) -> tuple[list[float], list[float]]:
     except UnicodeDecodeError:
         raise CommandError(f"{path} is not UTF-8 text (a JSON file is)") from None
     try:
-        data = json.loads(text)
+        data = strict_json.loads(text)
+    except DuplicateKeyError as exc:
+        raise CommandError(f"{path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise CommandError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(data, dict) or "values" not in data or "prior" not in data:
@@ -429,7 +435,9 @@ def _print(response: Any) -> int:
 
 def _create_dataset(args: argparse.Namespace) -> int:
     try:
-        domain = json.loads(args.domain)
+        domain = strict_json.loads(args.domain)
+    except DuplicateKeyError as exc:
+        raise CommandError(f"--domain: {exc}") from None
     except json.JSONDecodeError:
         raise CommandError("--domain must be JSON") from None
     body = {
@@ -604,15 +612,21 @@ def _training_spec(args: argparse.Namespace) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if args.spec:
         try:
-            spec = json.loads(args.spec)
+            spec = strict_json.loads(args.spec)
+        except DuplicateKeyError as exc:
+            raise CommandError(f"--spec: {exc}") from None
         except json.JSONDecodeError:
             raise CommandError("--spec must be a JSON object") from None
         if not isinstance(spec, dict):
             raise CommandError("--spec must be a JSON object")
-    spec["epsilon"] = args.epsilon
+    options = {"epsilon": args.epsilon, "image_shape": args.image_shape}
     for key in ("delta", "denoiser", "architecture", "epochs", "expected_batch_size"):
-        if getattr(args, key) is not None:
-            spec[key] = getattr(args, key)
+        options[key] = getattr(args, key)
+    twice = sorted(key for key, value in options.items() if value is not None and key in spec)
+    if twice:  # one would silently override the other
+        given = ", ".join(f"{k} (--{k.replace('_', '-')})" for k in twice)
+        raise CommandError(f"given both as an option and in --spec: {given}; give each once")
+    spec.update((key, value) for key, value in options.items() if value is not None)
     if args.image_shape:
         try:
             spec["image_shape"] = [int(v) for v in args.image_shape.split(",")]

@@ -14,7 +14,8 @@ any body up to the upload limit before hearing 401. The middleware runs first:
 * any other body may reach ``max_json_bytes``, a much smaller bound, since it is
   parsed whole in memory: it is read here, 413 above the bound, and handed on.
   That includes a body that calls itself multipart on a JSON route, which FastAPI
-  would otherwise read whole into memory up to the upload limit.
+  would otherwise read whole into memory up to the upload limit. A JSON body that
+  names a key twice in one object is 422 here (:mod:`shared.strict_json`).
 """
 
 from __future__ import annotations
@@ -23,14 +24,18 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio.to_thread
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.errors import ServiceError, error_response
+from shared.strict_json import duplicate_key
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: Bodies parsed for duplicate keys on the event loop; larger ones on a thread.
+INLINE_PARSE_BYTES = 1 << 20
 
 
 def is_multipart(content_type: str | None) -> bool:
@@ -94,6 +99,12 @@ class BodyLimitMiddleware:
         if body is None:
             await self._refuse(limit, upload)(scope, receive, send)
             return
+        key = await _duplicate_key(body)
+        if key is not None:
+            message = f"the request body names the key {key!r} twice in one object"
+            detail = [{"loc": ["body"], "msg": message, "type": "duplicate_key"}]
+            await error_response(422, "invalid_request", message, detail)(scope, receive, send)
+            return
         await self.app(scope, _replaying(body, receive), send)
 
     def _takes_uploads(self, scope: Scope) -> bool:
@@ -137,6 +148,17 @@ class BodyLimitMiddleware:
                 await self._refuse(limit, True)(scope, receive, send)
 
         await self.app(scope, counting_receive, guarded_send)
+
+
+async def _duplicate_key(body: bytes) -> str | None:
+    """The key a JSON body names twice in one object, if it does. FastAPI reads
+    a body without a content type as JSON too, so any body that opens like JSON
+    is checked (a form's never does)."""
+    if body.lstrip()[:1] not in (b"{", b"["):
+        return None
+    if len(body) <= INLINE_PARSE_BYTES:
+        return duplicate_key(body)
+    return await anyio.to_thread.run_sync(duplicate_key, body)
 
 
 async def _read_at_most(receive: Receive, limit: int) -> bytes | None:

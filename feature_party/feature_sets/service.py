@@ -18,7 +18,9 @@ from feature_party.feature_sets.repository import FeatureSetRepository
 from feature_party.feature_sets.schemas import ColumnInfo, FeatureSetRead, SchemaDeclaration
 from feature_party.orm import FeatureSet
 from feature_party.training.data import ColumnRoles
+from shared import strict_json
 from shared.pagination import Pager
+from shared.strict_json import DuplicateKeyError
 
 
 def parse_schema(text: str | None) -> SchemaDeclaration | None:
@@ -26,7 +28,9 @@ def parse_schema(text: str | None) -> SchemaDeclaration | None:
         return None
     message = 'schema must be JSON {"numeric": [...], "categorical": [...]}'
     try:
-        return SchemaDeclaration.model_validate(json.loads(text))
+        return SchemaDeclaration.model_validate(strict_json.loads(text))
+    except DuplicateKeyError as exc:
+        raise InvalidInputError(message, detail=[{"loc": ["schema"], "msg": str(exc)}]) from None
     except json.JSONDecodeError as exc:
         detail = [{"loc": ["schema"], "msg": f"not JSON: {exc.msg}"}]
         raise InvalidInputError(message, detail=detail) from None

@@ -25,9 +25,11 @@ import pyarrow.parquet as pq
 
 from label_party.datasets.domain import ClassificationDomain, RegressionDomain
 from label_party.exceptions import InvalidLabelsError, InvalidRequestError, PayloadTooLargeError
+from shared import strict_json
 from shared.columns import NAMES_NOT_UTF8, ColumnTypeError, as_keys
 from shared.jsonl import TooDeepError, read_json_lines
 from shared.parquet import ParquetTooLargeError, read_parquet_bounded
+from shared.strict_json import DuplicateKeyError
 
 FileFormat = Literal["csv", "parquet", "jsonl"]
 MAX_REPORTED = 100
@@ -163,7 +165,10 @@ def _jsonl_as_text(source: IO[bytes], columns: tuple[str, ...]) -> pa.Table:
             continue  # Arrow skips blank lines too, so rows stay numbered alike.
         record += 1
         try:
-            obj = json.loads(line)
+            obj = strict_json.loads(line)
+        except DuplicateKeyError as exc:  # Arrow refuses it too, for the whole file
+            rows.append({"row": record, "reason": str(exc)})
+            continue
         except ValueError:
             obj = None
         if not isinstance(obj, dict):

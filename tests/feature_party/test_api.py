@@ -27,6 +27,7 @@ from feature_party.orm import FeatureSet
 from feature_party.received_labels import service as received_labels_service
 from feature_party.received_labels.schemas import ReceivedLabelsCreate
 from shared import watching
+from shared.pagination import every_row
 from tests.feature_party.conftest import (
     ADMIN,
     AUTH,
@@ -1328,3 +1329,25 @@ def test_end_reads_refuses_a_session_that_flushed_a_write(settings: Settings) ->
         assert session.get(FeatureSet, fs_id).name == "renamed"  # type: ignore[union-attr]
         end_reads(session)  # a new transaction: nothing written yet
     database.dispose()
+
+
+def test_json_naming_a_key_twice_is_refused(client: httpx.Client) -> None:
+    """A schema naming ``numeric`` twice kept the last list, and a JSON body naming a
+    key twice its last value (helper-70): neither is guessed at."""
+    features = csv_bytes(synthetic(5).features)
+    before = every_row(client.get("/v1/feature-sets", headers=AUTH), _get(client))
+    r = client.post(
+        "/v1/feature-sets",
+        headers=AUTH,
+        files={"file": ("f.csv", features, "text/csv")},
+        data={"schema": '{"numeric": ["x0"], "numeric": ["x1"]}'},
+    )
+    assert r.status_code == 422 and "'numeric' appears twice" in r.text, r.text
+    body = b'{"feature_set_id": "a", "feature_set_id": "b", "received_labels_id": "c"}'
+    r = client.post("/v1/jobs", headers=AUTH | {"Content-Type": "application/json"}, content=body)
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "duplicate_key", r.text
+    assert every_row(client.get("/v1/feature-sets", headers=AUTH), _get(client)) == before
+
+
+def _get(client: httpx.Client) -> Any:
+    return lambda path: client.get(path, headers=AUTH)

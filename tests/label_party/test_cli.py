@@ -139,6 +139,17 @@ def test_training_commands(
     assert {t["id"] for t in listed} == {first["id"], second["id"]}
     cancelled = run("trainings", "cancel", second["id"])
     assert cancelled["status"] == "cancelled"
+    # A value given twice, or a key a JSON object names twice, is refused before
+    # anything is sent: one would have overridden the other without a word.
+    for spec, said in (('{"epsilon": 0.1}', "epsilon (--epsilon)"),
+                       ('{"epochs": 1, "epochs": 9}', "'epochs' appears twice")):  # fmt: skip
+        assert main(["label-party", *create, "--spec", spec, *common]) == 2
+        assert said in capsys.readouterr().err
+    twice = '{"num_classes": 2, "num_classes": 3}'
+    assert main(["label-party", "create-dataset", "--name", "t", "--domain", twice,
+                 "--epsilon-budget", "1", *common]) == 2  # fmt: skip
+    assert "'num_classes' appears twice" in capsys.readouterr().err
+    assert len(run("trainings", "list", "--dataset", ds["id"])) == 2
 
     # watch says once that nobody picks the training up, and ends when it does.
     monkeypatch.setattr(watching, "QUEUED_HINT_SECONDS", 0.0)
