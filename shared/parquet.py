@@ -13,10 +13,12 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+TableOrBatch = TypeVar("TableOrBatch", pa.Table, pa.RecordBatch)
 
 HASH_BLOCK = 1 << 22
 
@@ -156,7 +158,7 @@ def read_parquet_bounded(
     read = list(batches)
     if read:
         return pa.Table.from_batches(read)
-    return file.read(columns=columns)  # no rows: the file's own (empty) table
+    return plain_types(file.read(columns=columns))  # no rows: the file's own (empty) table
 
 
 def iter_parquet_bounded(
@@ -200,6 +202,22 @@ def _bounded(
             decoded += batch.nbytes
             if decoded > limit:
                 raise ParquetTooLargeError(limit, absolute)
-            yield batch
+            yield plain_types(batch)
 
     return file, batches()
+
+
+#: Arrow's view layouts, and the types with the same values that every reader of
+#: an upload knows. pyarrow writes a ``string_view`` column to Parquet and reads it
+#: back as one: a feature of that type was stored as "ignored", unused, and an id
+#: column of it refused as not text (helper-78).
+_VIEWS = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+
+
+def plain_types(data: TableOrBatch) -> TableOrBatch:
+    """``data`` with its view columns as plain strings and bytes; as it is otherwise."""
+    schema = data.schema
+    if not any(field.type in _VIEWS for field in schema):
+        return data
+    plain = pa.schema([field.with_type(_VIEWS.get(field.type, field.type)) for field in schema])
+    return data.cast(plain)

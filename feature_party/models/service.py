@@ -246,6 +246,8 @@ def _predict(
             "the rows lack columns the model was trained on", detail={"missing_columns": missing}
         )
     with_ids = ID in names
+    if not with_ids:
+        _refuse_unknown_without_ids(predictor, names)
     predictions: list[np.ndarray] = []
     ids: list[pa.Array | pa.ChunkedArray] = []
     not_finite: list[np.ndarray] = []
@@ -271,6 +273,26 @@ def _predict(
         )
     prediction = np.concatenate(predictions) if predictions else np.zeros(0)
     return PredictionAnswer(pa.chunked_array(ids, pa.string()) if with_ids else None, prediction)
+
+
+def _refuse_unknown_without_ids(predictor: Predictor, names: list[str]) -> None:
+    """Rows without ``example_id`` are numbered from 0; a column the model does not
+    read that is named like an id (``id``, ``user_id``, ``example_id `` with a
+    space) is refused instead: a file of ``id,f,g`` was answered with ids ``"0"``,
+    ``"1"``, … that read as its own (helper-78)."""
+    used = {*predictor.preprocessing.numeric, *predictor.preprocessing.categorical}
+    like_ids = [name for name in names if name not in used and _named_like_an_id(name)]
+    if like_ids:
+        raise InvalidInputError(
+            f"the rows have no {ID} column, and {like_ids[0]!r} looks like one: name the "
+            f"id column {ID}, or leave it out to have the rows numbered from 0",
+            detail={"id_like_columns": like_ids[:_ROWS_NAMED]},
+        )
+
+
+def _named_like_an_id(name: str) -> bool:
+    words = [w.lower() for w in re.split(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])", name.strip()) if w]
+    return bool(words) and words[-1] in ("id", "ids", "key")
 
 
 def _ids(table: pa.Table) -> pa.Array | pa.ChunkedArray:
@@ -318,6 +340,7 @@ def _rows_table(rows: list[dict[str, object]]) -> pa.Table:
     is kept as text, so the preprocessing names it and its row instead of Arrow
     refusing the whole body with a message that quotes the value."""
     names = list(dict.fromkeys(name for row in rows for name in row))
+    _refuse_ragged(rows, names)
     columns: dict[str, pa.Array] = {}
     for name in names:
         values = [row.get(name) for row in rows]
@@ -327,6 +350,23 @@ def _rows_table(rows: list[dict[str, object]]) -> pa.Table:
             text = [_as_text(v, name, i) for i, v in enumerate(values, start=1)]
             columns[name] = pa.array(text, pa.string())
     return pa.table(columns)
+
+
+def _refuse_ragged(rows: list[dict[str, object]], names: list[str]) -> None:
+    """Every row names every column, as every row of a file has each: a key left
+    out of a row, or misspelt in it (``"G"`` for ``"g"``), was read as null, the
+    training mean, and answered without a word (helper-78). ``null`` is that."""
+    for number, row in enumerate(rows, start=1):
+        if len(row) != len(names):
+            # example_id given in some rows only is refused below, counting them.
+            lacking = [name for name in names if name not in row and name != ID]
+            if not lacking:
+                continue
+            raise InvalidInputError(
+                f"row {number} lacks {', '.join(map(repr, lacking[:5]))}, which other rows "
+                "give: give every column in every row (null for a missing value)",
+                detail={"row": number, "missing_columns": lacking[:_ROWS_NAMED]},
+            )
 
 
 def _as_text(value: object, name: str, row: int) -> str | None:

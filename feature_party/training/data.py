@@ -129,7 +129,10 @@ _NUMBER_TEXT = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|inf
 
 def _as_float(column: pa.ChunkedArray | pa.Array, name: str, first_row: int = 1) -> np.ndarray:
     """A numeric column as float64 (NaN for nulls); a ``ValueError`` naming the column
-    and its first bad row, never Arrow's message (which quotes the cell)."""
+    and its first bad row, never Arrow's message (which quotes the cell). True and
+    false are not numbers here as at upload (Arrow casts them to 1 and 0; helper-78)."""
+    if pa.types.is_boolean(column.type):
+        raise ValueError(f"numeric column {name!r} holds true/false, not numbers")
     try:
         arr = pc.cast(column, pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from feature_party.errors import InvalidInputError
-from feature_party.models.service import PredictionAnswer, predict_path
+from feature_party.models.service import PredictionAnswer, _predict, _rows_table, predict_path
 from feature_party.training.artifact import Predictor
 from feature_party.training.data import Preprocessing
 from feature_party.training.losses import make_loss
@@ -47,6 +47,12 @@ def _csv(path: Path, x0: list[str], ids: list[str] | None = None) -> Path:
         lines.append(f"{ids[i]},{value},a,zz" if ids else f"{value},a,zz")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _rows_answer(predictor: Predictor, rows: list[dict[str, object]]) -> PredictionAnswer:
+    """What ``POST /v1/models/{id}/predict`` answers for JSON rows."""
+    table = _rows_table(rows)
+    return _predict(predictor, table.column_names, [table])
 
 
 def _answer(answer: PredictionAnswer, batch: int = 65_536) -> dict[str, list[object]]:
@@ -202,3 +208,52 @@ def test_a_prediction_gives_its_database_connection_back_before_it_reads_the_fil
         service._loaded(session, settings, "m1")
         assert held == [False]
     database.dispose()
+
+
+@pytest.mark.parametrize("header", ["id", "example_id ", "userId", "Example ID"])
+def test_rows_numbered_beside_a_column_named_like_an_id_are_refused(
+    tmp_path: Path, header: str
+) -> None:
+    """Without ``example_id`` rows are numbered from 0: a file of ``id,x0,city`` was
+    answered with ids "0", "1", … that read as its own (helper-78)."""
+    path = tmp_path / "rows.csv"
+    path.write_text(f"{header},x0,city\n7,1.0,a\n5,2.0,b\n")
+    with pytest.raises(InvalidInputError, match=f"{header!r} looks like one") as refused:
+        predict_path(_predictor(1.0), path, "rows.csv")
+    assert refused.value.detail == {"id_like_columns": [header]}
+    path.write_text("x0,city,grid\n1.0,a,3\n2.0,b,4\n")  # no id-like name: numbered
+    assert _answer(predict_path(_predictor(1.0), path, "rows.csv"))["example_id"] == ["0", "1"]
+
+
+def test_json_rows_must_each_give_every_column() -> None:
+    """A key left out of a row, or misspelt in it ("G"), was read as null, the
+    training mean, and answered 200 (helper-78); ``null`` says that."""
+    predictor = _predictor(1.0)
+    rows: list[dict[str, object]] = [{"example_id": "a", "x0": 3.0, "city": "a"},
+                                     {"example_id": "b", "x0": 1.0, "City": "b"}]  # fmt: skip
+    with pytest.raises(InvalidInputError, match=r"row 1 lacks 'City'"):
+        _rows_answer(predictor, rows)
+    rows[1] = {"example_id": "b", "x0": None, "city": None}
+    assert _answer(_rows_answer(predictor, rows))["prediction"] == [3.0, 0.0]
+
+
+def test_true_and_false_are_not_numbers_at_prediction_as_at_upload(tmp_path: Path) -> None:
+    """Arrow cast them to 1 and 0: a boolean ``x0`` was predicted for, while its
+    upload is refused ("type bool is not numeric"; helper-78)."""
+    rows: list[dict[str, object]] = [{"x0": True, "city": "a"}]
+    with pytest.raises(InvalidInputError, match="'x0' holds true/false"):
+        _rows_answer(_predictor(1.0), rows)
+    pq.write_table(pa.table({"x0": [True, False], "city": ["a", "b"]}), tmp_path / "b.parquet")
+    with pytest.raises(InvalidInputError, match="'x0' holds true/false"):
+        predict_path(_predictor(1.0), tmp_path / "b.parquet", "b.parquet")
+
+
+def test_string_view_columns_are_read_as_text(tmp_path: Path) -> None:
+    """pyarrow writes ``string_view`` to Parquet and reads it back as such; an id
+    column of it was refused as not text (helper-78)."""
+    view = pa.string_view()
+    table = pa.table({"example_id": pa.array(["e1", "e2"], view), "x0": [1.0, 2.0],
+                      "city": pa.array(["a", "b"], view)})  # fmt: skip
+    pq.write_table(table, tmp_path / "v.parquet")
+    answer = _answer(predict_path(_predictor(2.0), tmp_path / "v.parquet", "v.parquet"))
+    assert answer == {"example_id": ["e1", "e2"], "prediction": [2.0, 4.0]}

@@ -12,6 +12,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shared.pagination import every_row
 from tests.label_party.conftest import Server
 from tests.label_party.helpers import create_dataset, upload_labels
 from tests.label_party.test_trainings import CHEAP, make_dataset, tabular
@@ -149,6 +150,17 @@ def test_json_lines_ids_without_text_are_typed_like_arrow_types_them() -> None:
     assert read_table(io.BytesIO(mixed), "jsonl").column("example_id").to_pylist() == ["1", "c"]
 
 
+def test_json_lines_ids_that_look_like_dates_are_text_as_written() -> None:
+    """Arrow's JSON reader typed them timestamp[s], and the file was refused as ids
+    of that type unless another id in it was not a date (helper-78)."""
+    from label_party.labels.validation import read_table
+
+    dates = (b'{"example_id": "2024-01-01", "label": 1}\n'
+             b'{"example_id": "2024-01-02 00:00:00", "label": 2}\n')  # fmt: skip
+    ids = read_table(io.BytesIO(dates), "jsonl").column("example_id").to_pylist()
+    assert ids == ["2024-01-01", "2024-01-02 00:00:00"]
+
+
 def test_a_file_naming_a_column_it_reads_twice_is_refused(server: Server) -> None:
     """Arrow's CSV reader kept the first of two ``label`` (or ``example_id``)
     columns and dropped the other without a word; the features party refuses it."""
@@ -170,3 +182,29 @@ def test_a_file_naming_a_column_it_reads_twice_is_refused(server: Server) -> Non
         long = b"example_id,label," + b"y" * size + b"\nu2,1,z\n"
         assert _labels(admin, ds, "l.csv", long).status_code in (200, 422)
         assert _labels(admin, ds, "l.csv", long.replace(b"label,", b"")).status_code == 422
+
+
+def test_json_naming_a_key_twice_is_refused_not_read_last_wins(server: Server) -> None:
+    """``{"epsilon_budget": 1, "epsilon_budget": 5}`` made a dataset with a budget of 5
+    (the last), and a JSON-lines label naming ``label`` twice was stored with its
+    last value, while whoever read the request saw the first (helper-70)."""
+    admin = server.client()
+    body = (b'{"name": "twice", "task": "regression", "label_domain": {"min": 0, "max": 10},'
+            b' "epsilon_budget": 1, "epsilon_budget": 5}')  # fmt: skip
+    r = admin.post("/v1/datasets", content=body, headers={"Content-Type": "application/json"})
+    _refused(r, "'epsilon_budget' twice")
+    assert r.json()["detail"][0]["type"] == "duplicate_key"
+    nested = body.replace(b'"max": 10}', b'"max": 10, "min": 3}').replace(
+        b', "epsilon_budget": 5', b""
+    )
+    _refused(admin.post("/v1/datasets", content=nested), "'min' twice")  # no content type
+    names = [d["name"] for d in every_row(admin.get("/v1/datasets"), admin.get)]
+    assert "twice" not in names
+    ds = create_dataset(admin)
+    twice = b'{"example_id": "u1", "label": 1}\n{"example_id": "u2", "label": 2, "label": 9}\n'
+    r = _labels(admin, ds, "l.jsonl", twice)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]["rows"] == [
+        {"row": 2, "reason": "the key 'label' appears twice in one object"}
+    ]
+    assert admin.get(f"/v1/datasets/{ds}").json()["num_labels"] in (None, 0)
