@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from label_party.datasets.domain import MAX_DOMAIN_SIZE
 from shared.logging import LogLevel
 from shared.settings_help import Seconds, check_lease
 from shared.tokens import MIN_LENGTH, AdminToken, admin_token_problem
@@ -42,8 +43,10 @@ class Settings(BaseSettings):
     #: label in its scope beyond the label's id (507, nothing spent, below;
     #: :mod:`label_party.releases.room`). A write that fails after that is charged.
     release_bytes_per_label: int = Field(default=32, gt=0)
-    #: Largest label grid a regression domain may declare.
-    max_grid_size: int = Field(default=10_001, gt=1)
+    #: Most values a dataset's label domain may have: grid points of a regression
+    #: domain, classes of a classification one (422 above); at most the domains'
+    #: own bound, 100,000.
+    max_grid_size: int = Field(default=10_001, gt=1, le=MAX_DOMAIN_SIZE)
     #: Mechanism previews fitted at once (any token may ask for one, and a fit at
     #: the largest grid takes about a GB and seconds): 429 beyond.
     max_concurrent_previews: int = Field(default=2, ge=1)

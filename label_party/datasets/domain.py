@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from label_party.mechanisms.base import FloatArray
 
+#: The most values (grid points or classes) any domain may have; the operator's
+#: ``LABELDP_MAX_GRID_SIZE`` (default 10,001) bounds datasets below it.
+MAX_DOMAIN_SIZE = 100_000
+
 
 class RegressionDomain(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -25,7 +29,7 @@ class RegressionDomain(BaseModel):
     max: float
     clip: bool = False
     step: float | None = Field(default=None, gt=0)
-    grid_size: int | None = Field(default=None, ge=2, le=100_000)
+    grid_size: int | None = Field(default=None, ge=2, le=MAX_DOMAIN_SIZE)
 
     @model_validator(mode="after")
     def _check(self) -> RegressionDomain:
@@ -37,8 +41,8 @@ class RegressionDomain(BaseModel):
             raise ValueError("give either step or grid_size, not both")
         if self.step is not None:
             count = (self.max - self.min) / self.step
-            if not count <= 100_000:  # also an infinite count: a step of 1e-320
-                raise ValueError("(max − min) / step must be at most 100,000 steps")
+            if not count < MAX_DOMAIN_SIZE:  # also an infinite count: a step of 1e-320
+                raise ValueError(f"(max − min) / step must be below {MAX_DOMAIN_SIZE:,} steps")
             if abs(count - round(count)) > 1e-9 * max(1.0, count):
                 raise ValueError("(max − min) must be a whole number of steps")
         return self
@@ -74,8 +78,8 @@ class ClassificationDomain(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["classification"] = "classification"
-    num_classes: int | None = Field(default=None, ge=2, le=100_000)
-    classes: list[str] | None = Field(default=None, min_length=2, max_length=100_000)
+    num_classes: int | None = Field(default=None, ge=2, le=MAX_DOMAIN_SIZE)
+    classes: list[str] | None = Field(default=None, min_length=2, max_length=MAX_DOMAIN_SIZE)
 
     @model_validator(mode="after")
     def _check(self) -> ClassificationDomain:

@@ -27,7 +27,11 @@ def create(
         detail = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
         raise InvalidRequestError("the label domain is not valid", detail) from None
     if domain.size > max_grid:
-        raise InvalidRequestError(f"the label grid has more than {max_grid} values")
+        what = "classes" if body.task == "classification" else "grid points"
+        raise InvalidRequestError(
+            f"the label domain has {domain.size} {what}; this service takes at most "
+            f"{max_grid} (LABELDP_MAX_GRID_SIZE)"
+        )
     dataset = Dataset(
         id=str(uuid.uuid4()),
         name=body.name,

@@ -61,6 +61,8 @@ def preview(
         raise MechanismError("the Poisson loss needs non-negative values")
     options = dict(params or {})
     if mesh is not None:
+        if "mesh" in options and options["mesh"] != mesh:  # one would silently win
+            raise MechanismError("mesh is given twice, as mesh and as params.mesh: give it once")
         options["mesh"] = mesh  # checked by the mechanism, as in a release
     loss_name: Loss = chosen  # type: ignore[assignment]
     start = time.monotonic()

@@ -13,7 +13,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
+from label_party.config import Settings
 from tests.label_party.conftest import Server
 from tests.label_party.helpers import (
     create_client,
@@ -693,3 +695,20 @@ def test_a_release_whose_file_was_lost_says_so(server: Server) -> None:
     r = admin.post(f"/v1/datasets/{classes}/priors", files={"file": ("g.csv", groups)},
                    data={"kind": "groups"})  # fmt: skip
     assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
+
+
+def test_a_domain_larger_than_the_operator_allows_names_the_setting(server: Server) -> None:
+    """Domains took up to 100,000 classes and LABELDP_MAX_GRID_SIZE (10,001) then
+    refused 10,002 of them as "the label grid has more than 10001 values", naming
+    neither classes nor the setting; a setting above 100,000 did nothing (helper-70)."""
+    admin = server.client()
+    r = admin.post("/v1/datasets", json={"name": "wide", "task": "classification",
+                                         "label_domain": {"num_classes": 10_002},
+                                         "epsilon_budget": 1})  # fmt: skip
+    assert r.status_code == 422, r.text
+    assert r.json()["message"] == (
+        "the label domain has 10002 classes; this service takes at most 10001 "
+        "(LABELDP_MAX_GRID_SIZE)"
+    )
+    with pytest.raises(ValidationError, match="less than or equal to 100000"):
+        Settings(mode="dev", max_grid_size=100_001)

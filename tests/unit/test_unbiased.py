@@ -401,3 +401,13 @@ def test_dense_matrices_are_bounded_where_they_travel() -> None:
         out = preview(mechanism="debiased-rr", epsilon=1.0, values=values, prior=[1 / k] * k)
         assert (out["matrix"] is not None) == shown and (out["outputs"] is not None) == shown
         assert out["max_abs_bias"] < 1e-6  # still computed from the fitted mechanism
+
+
+def test_a_preview_refuses_two_different_meshes() -> None:
+    """``mesh`` and ``params.mesh`` together: the top-level one silently won (helper-70)."""
+    from label_party.mechanisms.preview import preview
+
+    ask = {"mechanism": "unbiased", "epsilon": 1.0, "values": [0.0, 1.0], "prior": [0.5, 0.5]}
+    with pytest.raises(MechanismError, match="mesh is given twice"):
+        preview(**ask, mesh=8, params={"mesh": 16})
+    assert preview(**ask, mesh=8, params={"mesh": 8})["outputs"] is not None
