@@ -291,7 +291,7 @@ def run_jobs_cancel(args: argparse.Namespace) -> int:
 #: What ``jobs watch`` says once when no worker has taken the job for a while.
 QUEUED_HINT = (
     "still queued: jobs run in a features-party worker (`labeldp feature-party worker`, "
-    "with the service's settings); is one running?"
+    "with the service's settings); is one running, with the GPUs the job asks for?"
 )
 
 

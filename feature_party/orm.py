@@ -67,6 +67,9 @@ class Job(Base):
     model_id: Mapped[str | None] = mapped_column(String(32))
     worker_id: Mapped[str | None] = mapped_column(String(200))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: GPUs a worker must have to claim the job (its configuration's ``device``):
+    #: 0 for ``auto`` and ``cpu``, which any worker takes.
+    gpus: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(Timestamp)

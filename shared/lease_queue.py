@@ -126,17 +126,25 @@ class LeaseQueue(Generic[RowT]):
         return and_(t.id == row_id, t.worker_id == worker_id, t.status == Status.RUNNING)
 
     def claim(
-        self, *, worker_id: str, lease_seconds: float, max_attempts: int | None = None
+        self,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        max_attempts: int | None = None,
+        eligible: ColumnElement[bool] | None = None,
     ) -> RowT | None:
         """Take the oldest queued row, or a running one whose lease expired, unless
         ``max_attempts`` claims of it have ended so (that one is
-        :meth:`fail_exhausted`'s, even when its lease ran out after that call)."""
+        :meth:`fail_exhausted`'s, even when its lease ran out after that call);
+        only among rows ``eligible`` for this worker, when given."""
         t = self._t
         now = self.now()
         lapsed = self._lapsed(now)
         if max_attempts is not None:
             lapsed = and_(lapsed, t.attempts < max_attempts)
         claimable = or_(t.status == Status.QUEUED, lapsed)
+        if eligible is not None:
+            claimable = and_(claimable, eligible)
         candidate = self.session.execute(
             select(t.id)
             .where(claimable)

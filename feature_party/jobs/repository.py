@@ -46,12 +46,22 @@ class JobRepository:
         return self._queue().fail_exhausted(max_attempts=max_attempts)
 
     def claim(
-        self, *, worker_id: str, lease_seconds: float, max_attempts: int | None = None
+        self,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        max_attempts: int | None = None,
+        gpus: int = 0,
     ) -> Job | None:
         """Take the oldest queued job, or a running one whose lease expired (fewer
-        than ``max_attempts`` times)."""
+        than ``max_attempts`` times), among those asking for at most ``gpus`` GPUs
+        (the worker's): a GPU job waits for a GPU worker instead of failing on a
+        CPU-only one."""
         return self._queue().claim(
-            worker_id=worker_id, lease_seconds=lease_seconds, max_attempts=max_attempts
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            max_attempts=max_attempts,
+            eligible=Job.gpus <= gpus,
         )
 
     def heartbeat(

@@ -83,6 +83,7 @@ def submit(session: Session, settings: Settings, body: JobCreate) -> JobAccepted
             labels_id=labels.id,
             config=config.model_dump(mode="json"),
             attempts=0,
+            gpus=config.gpus,
         )
     )
     return JobAccepted(id=job.id, status=Status(job.status))

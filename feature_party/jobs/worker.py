@@ -35,7 +35,7 @@ from feature_party.jobs.repository import JobRepository
 from feature_party.jobs.service import sweep_finished
 from feature_party.orm import FeatureSet, Model, ReceivedLabels
 from feature_party.training import distributed
-from feature_party.training.loop import Interrupted, Progress, resolve_device
+from feature_party.training.loop import Interrupted, Progress, available_gpus, resolve_device
 from feature_party.training.runner import RunSpec, execute
 from feature_party.uploads import sweep_stale
 from shared.errors import disk_full
@@ -58,11 +58,18 @@ class _Shared:
 
 class Worker(PollingWorker):
     def __init__(
-        self, database: Database, settings: Settings, *, worker_id: str | None = None
+        self,
+        database: Database,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+        gpus: int | None = None,
     ) -> None:
         super().__init__(worker_id=worker_id, poll_seconds=settings.poll_seconds)
         self.db = database
         self.settings = settings
+        #: The GPUs this worker has: it claims only jobs that ask for at most these.
+        self.gpus = available_gpus() if gpus is None else gpus
 
     def run_item(self, item_id: str) -> None:
         self.run_job(item_id)
@@ -87,6 +94,7 @@ class Worker(PollingWorker):
                     worker_id=self.worker_id,
                     lease_seconds=self.settings.job_lease_seconds,
                     max_attempts=MAX_ATTEMPTS,
+                    gpus=self.gpus,
                 )
             for job_id in exhausted:  # committed: it never resumes
                 self._checkpoint(job_id).unlink(missing_ok=True)

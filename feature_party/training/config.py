@@ -13,6 +13,13 @@ from shared.protocol import Id
 Device = Literal["auto", "cpu", "cuda"] | Annotated[StrictInt, Field(ge=1)]
 
 
+def gpus_needed(device: object) -> int:
+    """GPUs a ``device`` setting asks for (as stored in a job's configuration)."""
+    if device == "cuda":
+        return 1
+    return device if isinstance(device, int) and not isinstance(device, bool) else 0
+
+
 #: The most classes a classifier may have: its output layer stays within memory
 #: (a billion classes asked the worker for 768 GB).
 MAX_CLASSES = 100_000
@@ -135,6 +142,11 @@ class TrainingConfig(BaseModel):
                 f"{categorical} categorical"
             )
         return None
+
+    @property
+    def gpus(self) -> int:
+        """GPUs a worker must have to take the job: 0 for ``auto`` and ``cpu``."""
+        return gpus_needed(self.device)
 
     @property
     def world_size(self) -> int:

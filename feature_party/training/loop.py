@@ -90,6 +90,11 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+def available_gpus() -> int:
+    """The CUDA devices this process can use (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def resolve_device(config: TrainingConfig, local_rank: int = 0) -> torch.device:
     """``auto`` → CUDA when present; a GPU count or ``cuda`` → this rank's GPU."""
     want = config.device

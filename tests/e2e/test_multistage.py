@@ -31,6 +31,9 @@ import pytest
 import torch
 
 from feature_party.client import BudgetExceededError, LabelsPartyClient
+from feature_party.config import Settings
+from feature_party.db import Database
+from feature_party.jobs.worker import Worker
 from feature_party.multistage.driver import assign_parts
 from tests.e2e.conftest import Services, ok, parquet_bytes
 
@@ -227,9 +230,26 @@ def test_what_would_waste_epsilon_is_refused_before_any_spend(services: Services
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="the failing job needs a machine without CUDA"
 )
+def _fail_the_gpu_job(services: Services, timeout: float = 60) -> None:
+    """What a worker that offers a GPU it cannot use does with the stage's job: the
+    services' CPU-only worker leaves a job asking for CUDA queued; this one claims
+    it, and resolving its device fails it ("asks for CUDA but this worker has no GPU")."""
+    settings = Settings(data_dir=services.features_data, database_url=services.features_db)
+    database = Database(services.features_db)
+    worker = Worker(database, settings, worker_id="says-it-has-a-gpu", gpus=1)
+    try:
+        deadline = time.monotonic() + timeout
+        while (job_id := worker.claim()) is None:
+            assert time.monotonic() < deadline, f"no job asked for a GPU; logs in {services.logs}"
+            time.sleep(0.2)
+        worker.run_item(job_id)
+    finally:
+        database.dispose()
+
+
 def test_resume_trains_a_failed_stage_again_without_paying_twice(services: Services) -> None:
     dataset_id, token, feature_set_id = _setup(services, budget=1.0)
-    # device cuda on a machine without one: the worker fails the stage-1 job.
+    # device cuda on a machine without one: the stage-1 job fails (_fail_the_gpu_job).
     body = {"feature_set_id": feature_set_id, "labels_party_url": services.labels_url,
             "token": token, "dataset_id": dataset_id, "epsilon": 1.0, "seed": 3,
             "training": {**TRAINING, "device": "cuda"}}  # fmt: skip
@@ -241,6 +261,7 @@ def test_resume_trains_a_failed_stage_again_without_paying_twice(services: Servi
                 f"/v1/multistage/{run_id}/resume", json={"token": token}
             )
             assert resumed.status_code == 202, resumed.text
+        _fail_the_gpu_job(services)
         run = _ended(services, run_id, timeout=120)
         assert run["status"] == "failed", run["error"]
         assert "resume to train it again" in run["error"], run["error"]

@@ -171,6 +171,7 @@ def add_jobs(
                     labels_id=labels_id,
                     config=body.training().model_dump(mode="json"),
                     attempts=0,
+                    gpus=body.training().gpus,
                 )
             )
     return ids
@@ -183,6 +184,16 @@ def _admin_url(url: str) -> URL:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh database per test session on LABELDP_TEST_POSTGRES_URL's server."""
+    yield from _fresh_postgres()
+
+
+@pytest.fixture
+def fresh_postgres_url() -> Iterator[str]:
+    """A database of the test's own, for one that changes its schema."""
+    yield from _fresh_postgres()
+
+
+def _fresh_postgres() -> Iterator[str]:
     base = os.environ.get(
         "LABELDP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     )

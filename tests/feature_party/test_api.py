@@ -1287,7 +1287,9 @@ def test_a_job_asking_for_gpus_fails_saying_why(
     assert r.status_code == 202, r.text
     database = Database(settings.resolved_database_url)
     try:
-        Worker(database, settings).run(once=True)
+        assert Worker(database, settings, gpus=0).run(once=True) == 0  # left for a GPU worker
+        # A worker that offers GPUs it cannot use (a broken driver) fails the job.
+        assert Worker(database, settings, gpus=2).run(once=True) == 1
     finally:
         database.dispose()
     failed = client.get(f"/v1/jobs/{r.json()['id']}", headers=AUTH).json()

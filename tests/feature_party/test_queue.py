@@ -390,3 +390,39 @@ def test_a_job_storage_refused_is_left_to_retry_not_failed(
         job = JobRepository(session).get(job_id)
         assert (job.status, job.attempts, job.worker_id) == (Status.SUCCEEDED, 2, "roomy")
     database.dispose()
+
+
+def test_a_worker_claims_only_the_jobs_its_gpus_can_run(db: tuple[Database, Settings]) -> None:
+    """A CPU-only worker took a GPU job and failed it at once ("asks for CUDA but this
+    worker has no GPU"), though a GPU worker of the same party would have run it;
+    such a job now waits for a worker with enough GPUs."""
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    one_gpu = add_jobs(database, fs, labels, 1, device="cuda", **TINY)[0]  # the oldest
+    two_gpus = add_jobs(database, fs, labels, 1, device=2, **TINY)[0]
+    anywhere = add_jobs(database, fs, labels, 1, **TINY)[0]  # device "auto"
+    on_cpu = add_jobs(database, fs, labels, 1, device="cpu", **TINY)[0]
+    cpu_worker = Worker(database, settings, worker_id="cpu", gpus=0)
+    assert [cpu_worker.claim(), cpu_worker.claim(), cpu_worker.claim()] == [anywhere, on_cpu, None]
+    gpu_worker = Worker(database, settings, worker_id="gpu", gpus=1)
+    assert [gpu_worker.claim(), gpu_worker.claim()] == [one_gpu, None]
+    assert Worker(database, settings, worker_id="gpu2", gpus=2).claim() == two_gpus
+    with database.session() as session:
+        assert session.get(Job, two_gpus).gpus == 2  # type: ignore[union-attr]
+
+
+def test_a_job_created_through_the_api_records_the_gpus_it_asks_for(
+    db: tuple[Database, Settings],
+) -> None:
+    database, settings = db
+    fs, labels = seed_inputs(database, settings, n=50)
+    with running_service(settings) as client:
+        made = {device: client.post("/v1/jobs", headers=AUTH, json={
+            "feature_set_id": fs, "labels_id": labels, "device": device, **TINY}).json()["id"]
+            for device in ("cuda", 3, "auto")}  # fmt: skip
+    with database.session() as session:
+        assert {d: session.get(Job, i).gpus for d, i in made.items()} == {  # type: ignore[union-attr]
+            "cuda": 1, 3: 3, "auto": 0}  # fmt: skip
+        # Left queued on the session's Postgres database, they were the next test's
+        # claim (a test that claims the job it added expects that one).
+        session.query(Job).delete()

@@ -106,7 +106,10 @@ def test_a_gpu_job_on_a_worker_without_one_fails_with_the_reason(
 ) -> None:
     database, settings, fs, labels = env
     [gpu_job] = add_jobs(database, fs, labels, 1, device="cuda", epochs=1)
-    assert Worker(database, settings).run(once=True) == 1
+    assert Worker(database, settings, gpus=0).run(once=True) == 0  # left for a GPU worker
+    assert job_row(database, gpu_job).status == Status.QUEUED
+    # A worker that offers a GPU it cannot use (a broken driver) fails the job.
+    assert Worker(database, settings, gpus=1).run(once=True) == 1
     gpu = job_row(database, gpu_job)
     assert gpu.status == Status.FAILED
     assert gpu.error is not None and "no GPU" in gpu.error
