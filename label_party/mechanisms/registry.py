@@ -79,7 +79,7 @@ AUTO_CHOICES: dict[str, tuple[str, str]] = {
 #: ``unbiased.MAX_EPSILON``; a function of ε alone, so of nothing private).
 HIGH_EPSILON_CHOICE = (
     "debiased-rr",
-    "above ε = 16 the unbiased LP is not solved reliably; ε-dbRR is unbiased too, and "
+    "above ε = 12 the unbiased LP is not solved reliably; ε-dbRR is unbiased too, and "
     "the optimal unbiased randomizer approaches it as ε grows "
     "(optimal-unbiased-randomizers.txt §3.1)",
 )
@@ -198,7 +198,7 @@ def get_spec(name: str) -> MechanismSpec:
 
 def uses_prior(name: str, *, loss: Loss, epsilon: float) -> bool:
     """Whether ``name`` fitted at ``epsilon`` for ``loss`` reads a prior, so that a
-    release must spend ε₁ on one: ``auto``'s answer is its choice's (above ε = 16
+    release must spend ε₁ on one: ``auto``'s answer is its choice's (above ε = 12
     it picks ``debiased-rr``, which reads none)."""
     spec = get_spec(name)
     if name == "auto" and loss in AUTO_CHOICES:

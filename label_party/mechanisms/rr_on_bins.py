@@ -106,9 +106,10 @@ class OptimalBins(NamedTuple):
 class _Support:
     """The values of positive prior mass, with prefix sums for O(1) bin statistics."""
 
-    x: FloatArray  # values (shifted by ``shift`` for squared/absolute)
+    x: FloatArray  # values ((v − shift)·scale for squared/absolute)
     q: FloatArray  # their prior masses
     shift: float
+    scale: float  # a power of two: exact both ways
     t: float  # e^{-ε}
     P: FloatArray  # P[j] = Σ_{l<j} q_l, length n + 1
     PY: FloatArray  # Σ_{l<j} q_l x_l
@@ -130,6 +131,12 @@ def _support(values: FloatArray, prior: FloatArray, loss: str, t: float) -> _Sup
     else:
         shift = 0.0  # the Poisson loss is not shift-invariant
     x = x - shift
+    # Squared and absolute bins are scale-invariant: scaled near 1 by a power of two,
+    # x² stays finite. Unscaled, values past 1.5e153 made every cost inf and the fit
+    # one bin, silently (helper-77). The Poisson loss is not scale-invariant.
+    top = float(np.abs(x).max())
+    scale = math.ldexp(1.0, -math.frexp(top)[1]) if loss != "poisson" and top > 0 else 1.0
+    x = x * scale
     zero = np.zeros(1)
     P = np.concatenate([zero, np.cumsum(q)])
     PY = np.concatenate([zero, np.cumsum(q * x)])
@@ -139,7 +146,7 @@ def _support(values: FloatArray, prior: FloatArray, loss: str, t: float) -> _Sup
     else:
         P2 = np.concatenate([zero, np.cumsum(q * x * x)])
     spread = x * (2.0 * P[1:] - P[-1]) - (2.0 * PY[1:] - PY[-1])
-    return _Support(x, q, shift, t, P, PY, P2, spread)
+    return _Support(x, q, shift, scale, t, P, PY, P2, spread)
 
 
 class _Scratch:
@@ -307,7 +314,7 @@ def _minimizers(s: _Support, bins: list[tuple[int, int]], loss: str) -> FloatArr
         out = WY / W
         if loss == "poisson":  # all mass on y = 0: Σ w y = 0 and ŷ = 0 (_poisson_costs)
             out[WY <= 0] = 0.0
-    return out + s.shift
+    return out / s.scale + s.shift
 
 
 # -- the ratio objective ------------------------------------------------------------
@@ -483,12 +490,16 @@ def optimal_bins(
     nearest = np.searchsorted(support_idx, np.arange(v.size), side="right") - 1
     assignment: IntArray = support_bin[np.maximum(nearest, 0)]
 
-    # The loss of the mechanism itself, evaluated directly over the support.
-    x = s.x + s.shift
-    cost = pointwise_loss(outputs[None, :], x[:, None], loss)
+    # The loss of the mechanism itself, evaluated directly over the support, in the
+    # scaled units (finite) and then in the values' own (inf past the float range).
+    scaled = (outputs - s.shift) * s.scale
+    cost = pointwise_loss(scaled[None, :], s.x[:, None], loss)
     own = cost[np.arange(s.n), support_bin]
     per_value = (t * cost.sum(axis=1) + (1.0 - t) * own) / (1.0 + (d - 1) * t)
-    return OptimalBins(assignment, outputs, float(np.dot(s.q, per_value)))
+    power = 2 if loss == "squared" else 1
+    with np.errstate(over="ignore", under="ignore"):  # a power of two: np.ldexp is exact
+        value = np.ldexp(np.dot(s.q, per_value), -power * (math.frexp(s.scale)[1] - 1))
+    return OptimalBins(assignment, outputs, float(value))
 
 
 def rr_on_bins_matrix(assignment: IntArray, num_bins: int, *, epsilon: float) -> FloatArray:

@@ -116,7 +116,7 @@ def check_plan(plan: ReleasePlan, task: str) -> None:
 
 def reads_prior(plan: ReleasePlan) -> bool:
     """Whether the release spends ε₁ on a prior: at ε − ε₁ when ε₁ is set, else at ε
-    (``auto`` above ε = 16 picks a mechanism that reads none: its ε₁ was wasted)."""
+    (``auto`` above ε = 12 picks a mechanism that reads none: its ε₁ was wasted)."""
     epsilon = plan.epsilon - (plan.prior_epsilon or 0)
     return uses_prior(plan.mechanism, loss=plan.loss, epsilon=float(epsilon))
 

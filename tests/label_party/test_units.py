@@ -316,3 +316,14 @@ def test_times_read_back_in_utc_whatever_the_connection_s_zone(database_url: str
                 assert all(at.utcoffset() == timedelta(0) for at in read)
     finally:
         database.dispose()
+
+
+def test_trainings_in_test_mode_draw_different_seeds() -> None:
+    """Every training in test mode was seeded with LABELDP_TEST_SEED alone, so two
+    trainings drew the same noise (helper-76); outside test mode there is no seed."""
+    from label_party.trainings.worker import seed_in_test_mode
+
+    seeds = {seed_in_test_mode(7, training_id) for training_id in ("t1", "t2", "t3")}
+    assert len(seeds) == 3 and all(0 <= s < 2**63 for s in seeds if s is not None)
+    assert seed_in_test_mode(7, "t1") == seed_in_test_mode(7, "t1")  # repeatable
+    assert seed_in_test_mode(None, "t1") is None

@@ -133,22 +133,22 @@ def _regression_plan(mechanism: str, epsilon: str, prior: str | None = None) -> 
     )
 
 
-def test_auto_above_epsilon_16_spends_all_of_it_on_debiased_rr(tmp_path: Path) -> None:
-    """``auto`` picks ``debiased-rr`` above ε = 16, which reads no prior: splitting
+def test_auto_above_epsilon_12_spends_all_of_it_on_debiased_rr(tmp_path: Path) -> None:
+    """``auto`` picks ``debiased-rr`` above ε = 12, which reads no prior: splitting
     off ε₁ for one (it did) wasted it."""
-    plan = preflight(_regression_plan("auto", "17"), N)
+    plan = preflight(_regression_plan("auto", "13"), N)
     assert plan.prior_epsilon is None
     result = _randomize(plan, np.arange(N) % 11.0, tmp_path)
     assert (result.prior, result.prior_epsilon) == (None, 0)
-    assert (result.description["name"], result.description["epsilon"]) == ("debiased-rr", 17.0)
-    # At ε = 16 it picks the unbiased LP, which reads a prior: ε₁ is split off.
-    assert preflight(_regression_plan("auto", "16"), N).prior_epsilon
+    assert (result.description["name"], result.description["epsilon"]) == ("debiased-rr", 13.0)
+    # At ε = 12 it picks the unbiased LP, which reads a prior: ε₁ is split off.
+    assert preflight(_regression_plan("auto", "12"), N).prior_epsilon
 
 
 def test_auto_refuses_a_prior_epsilon_that_its_choice_would_not_use() -> None:
     with pytest.raises(InvalidRequestError, match=r"uses no prior at ε − prior_epsilon = 19\.5;"):
         check_plan(_regression_plan("auto", "20", prior="0.5"), "regression")
-    check_plan(_regression_plan("auto", "16.4", prior="0.5"), "regression")  # unbiased at 15.9
+    check_plan(_regression_plan("auto", "12.4", prior="0.5"), "regression")  # unbiased at 11.9
 
 
 @pytest.fixture

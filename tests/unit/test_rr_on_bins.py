@@ -400,3 +400,20 @@ def test_rejects_what_it_cannot_do() -> None:
         optimal_bins(values, prior, epsilon=0.0)
     with pytest.raises(MechanismError, match="sorted"):
         optimal_bins(np.array([2.0, 1.0]), prior, epsilon=1.0)
+
+
+@pytest.mark.parametrize("loss", ["squared", "absolute"])
+@pytest.mark.parametrize("scale", [1e-300, 1e154, 1e200, 1e307])
+def test_the_partition_does_not_depend_on_the_values_scale(loss: Loss, scale: float) -> None:
+    """Both losses' bins are scale-invariant, but x² overflowed past 1.5e153: every
+    cost was inf and the fit one bin, silently (helper-77). The loss is the unit
+    one's times scale² (or scale), inf where that passes the float range."""
+    values, prior = np.linspace(-8, 8, 11), np.full(11, 1 / 11)
+    unit = optimal_bins(values, prior, epsilon=4.0, loss=loss)
+    scaled = optimal_bins(values * scale, prior, epsilon=4.0, loss=loss)
+    assert np.array_equal(scaled.assignment, unit.assignment) and unit.outputs.size > 1
+    np.testing.assert_allclose(scaled.outputs / scale, unit.outputs, rtol=1e-12)
+    power = 2 if loss == "squared" else 1
+    with np.errstate(over="ignore", under="ignore"):
+        expected = unit.loss * np.float64(scale) ** power
+    assert scaled.loss == pytest.approx(expected, rel=1e-12, abs=1e-300)
