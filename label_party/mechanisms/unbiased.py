@@ -493,8 +493,11 @@ def solve_unbiased(
     a, b = float(grid[0]), float(grid[-1])
     if n < 2 or not _two_point_is_dp(v, a, b, e):
         raise MechanismError(
-            "the unbiased LP is infeasible on this output set at this epsilon; "
-            "use the Algorithm 2 grid (output_set='grid')"
+            "the unbiased LP is infeasible on this output set at this epsilon: its ends "
+            "must lie beyond the values by the margin ε-DP needs, as Algorithm 2's grid "
+            "(output_set='grid') does unless the domain sits so far from 0 against its "
+            "width (as [1e15, 1e15 + 10] at ε = 8) that rounding takes the margin: then "
+            "give the labels relative to an offset"
         )
 
     # Normalized coordinates: the output set spans [-1, 1].
