@@ -42,6 +42,10 @@ class JobRead(BaseModel):
     model_id: str | None
     error: str | None
     attempts: int = Field(description="claims by workers; one that died or stalled counts")
+    gpus: int = Field(
+        description="GPUs a worker must have to claim it (its device: 1 for cuda, N for N; "
+        "0 for auto and cpu); queued, it waits for such a worker"
+    )
     lease_expires_at: datetime | None = Field(
         description="while running: when the worker's lease lapses unless it renews it"
     )

@@ -176,6 +176,7 @@ def to_read(session: Session, job: Job) -> JobRead:
         model_id=job.model_id,
         error=job.error,
         attempts=job.attempts,
+        gpus=job.gpus,
         lease_expires_at=job.lease_expires_at,
         stalled=JobRepository(session).stalled(job),
         created_at=job.created_at,

@@ -420,6 +420,8 @@ def test_a_job_created_through_the_api_records_the_gpus_it_asks_for(
         made = {device: client.post("/v1/jobs", headers=AUTH, json={
             "feature_set_id": fs, "labels_id": labels, "device": device, **TINY}).json()["id"]
             for device in ("cuda", 3, "auto")}  # fmt: skip
+        read = client.get(f"/v1/jobs/{made[3]}", headers=AUTH).json()
+        assert (read["status"], read["gpus"]) == ("queued", 3)
     with database.session() as session:
         assert {d: session.get(Job, i).gpus for d, i in made.items()} == {  # type: ignore[union-attr]
             "cuda": 1, 3: 3, "auto": 0}  # fmt: skip
