@@ -79,6 +79,15 @@ def has_grant(session: Session, principal: Principal, dataset_id: str) -> bool:
     return clients_repository.grant(session, dataset_id, principal.id) is not None
 
 
+def sees_own(session: Session, principal: Principal, created_by: str, dataset_id: str) -> bool:
+    """Whether ``principal`` may read a release or training made by ``created_by`` on
+    ``dataset_id``: the admin any; a client its own, while it still holds the
+    dataset's grant (its own once read on without one; helper-79)."""
+    if principal.role != "client":
+        return True
+    return created_by == principal.id and has_grant(session, principal, dataset_id)
+
+
 def visible_dataset(session: Session, principal: Principal, dataset_id: str) -> Dataset:
     """The dataset if the principal may see it (admin, auditor, granted client), else 404."""
     dataset = session.get(Dataset, dataset_id)

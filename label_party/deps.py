@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
-from label_party.auth import Principal, Role, authenticate, require
+from label_party.auth import Principal, Role, authenticate, require, visible_dataset
 from label_party.config import Settings
 from label_party.db import Database, transaction
 from label_party.exceptions import InvalidRequestError, UnauthorizedError
@@ -90,6 +90,19 @@ def allowed(*roles: Role) -> Callable[[Principal], Principal]:
 
 AdminDep = Annotated[Principal, Depends(allowed("admin"))]
 WriterDep = Annotated[Principal, Depends(allowed("admin", "client"))]
+
+
+async def visible_before_upload(request: Request, principal: Principal, dataset_id: str) -> None:
+    """404 before an upload's body is read when the caller may not see the dataset:
+    a client granted another dataset made the service read and spool up to
+    ``LABELDP_MAX_UPLOAD_BYTES`` for a 404 (helper-79). Its own short read
+    transaction, as :func:`get_principal`: the request's session is left unbegun."""
+
+    def check() -> None:
+        with transaction(request.app.state.db.reader) as session:
+            visible_dataset(session, principal, dataset_id)
+
+    await run_in_threadpool(check)
 
 
 def known_caller(app: FastAPI) -> Authorizer:

@@ -8,7 +8,13 @@ from fastapi import APIRouter, Query, Request, status
 from starlette.datastructures import UploadFile
 
 from label_party.auth import require, visible_dataset
-from label_party.deps import PrincipalDep, SessionDep, SettingsDep, in_worker_thread
+from label_party.deps import (
+    PrincipalDep,
+    SessionDep,
+    SettingsDep,
+    in_worker_thread,
+    visible_before_upload,
+)
 from label_party.example_priors import service
 from label_party.exception_handlers import responses
 from label_party.exceptions import InvalidRequestError
@@ -62,6 +68,7 @@ async def upload_priors(
     kind: Annotated[str | None, Query()] = None,
 ) -> PriorSetRead:
     require(principal, "admin", "client")
+    await visible_before_upload(request, principal, dataset_id)
     form = await request.form(max_files=1, max_fields=10)
     upload = form.get("file")
     try:
@@ -95,7 +102,7 @@ def list_priors(
 ) -> list[PriorSetRead]:
     require(principal, "admin", "client")
     dataset = visible_dataset(session, principal, dataset_id)
-    return [_read(p) for p in service.list_for_dataset(session, dataset.id)]
+    return [_read(p) for p in service.list_for_dataset(session, principal, dataset.id)]
 
 
 @router.get(
@@ -109,4 +116,4 @@ def get_prior(
 ) -> PriorSetRead:
     require(principal, "admin", "client")
     dataset = visible_dataset(session, principal, dataset_id)
-    return _read(service.get(session, dataset.id, prior_id))
+    return _read(service.get(session, principal, dataset.id, prior_id))

@@ -66,6 +66,11 @@ class InvalidPriorsError(InvalidRequestError):
 Kind = Literal["groups", "probabilities"]
 KINDS: tuple[Kind, ...] = ("groups", "probabilities")
 MAX_GROUPS = 10_000
+#: Most noisy counts (groups × classes) a ``groups`` release draws, one at a time
+#: with the exact sampler while it holds the dataset's lock: 200,000 took 4.8 s on
+#: one core, so this is about 25 s (helper-80 drew 10,000 groups of 20 classes,
+#: and K = 100,000 would have taken hours and 8 GB an array).
+MAX_GROUP_CELLS = 1_000_000
 MAX_GROUP_NAME = 200
 #: A probability row must sum to 1 within this (float32 model outputs do).
 SUM_TOLERANCE = 1e-3
@@ -97,16 +102,36 @@ def prior_path(settings: Settings, prior: PriorSet) -> Path:
     return priors_dir(settings, prior.dataset_id) / f"{prior.sha256}.parquet"
 
 
-def list_for_dataset(session: Session, dataset_id: str) -> list[PriorSet]:
+def list_for_dataset(session: Session, principal: Principal, dataset_id: str) -> list[PriorSet]:
+    """The dataset's prior sets: all of them for the admin, a client's own for it."""
     query = select(PriorSet).where(PriorSet.dataset_id == dataset_id)
+    if principal.role == "client":
+        query = query.where(PriorSet.created_by == principal.id)
     return list(session.scalars(query.order_by(PriorSet.created_at, PriorSet.id)))
 
 
-def get(session: Session, dataset_id: str, prior_id: str) -> PriorSet:
+def get(session: Session, principal: Principal, dataset_id: str, prior_id: str) -> PriorSet:
+    """A prior set of the dataset the principal may read and release with: a client
+    its own, as its releases and trainings (one features party's groups were listed
+    to, and used by, another granted the same dataset; helper-79); the admin any."""
     prior = session.get(PriorSet, prior_id)
-    if prior is None or prior.dataset_id != dataset_id:
+    if (
+        prior is None
+        or prior.dataset_id != dataset_id
+        or (principal.role == "client" and prior.created_by != principal.id)
+    ):
         raise NotFoundError(f"prior set {prior_id} not found for this dataset")
     return prior
+
+
+def check_group_cells(num_groups: int, num_classes: int) -> None:
+    """Refuse (free: groups and classes are public) a ``groups`` prior set whose
+    noisy histograms would take more than :data:`MAX_GROUP_CELLS` draws."""
+    if num_groups * num_classes > MAX_GROUP_CELLS:
+        raise InvalidRequestError(
+            f"{num_groups} groups × {num_classes} classes is more than the "
+            f"{MAX_GROUP_CELLS:,} noisy counts a groups release draws: use fewer groups"
+        )
 
 
 # -- validation -------------------------------------------------------------------
@@ -254,6 +279,7 @@ def upload(
     try:
         if kind == "groups":
             table, num_groups = _groups_table(source, fmt)
+            check_group_cells(num_groups, domain.size)
         else:
             num_classes = domain.size
             table = _probabilities_table(source, fmt, num_classes)

@@ -6,7 +6,13 @@ from fastapi import APIRouter, Request, Response, status
 from pydantic import BaseModel
 
 from label_party.auth import require, visible_dataset
-from label_party.deps import PrincipalDep, SessionDep, SettingsDep, in_worker_thread
+from label_party.deps import (
+    PrincipalDep,
+    SessionDep,
+    SettingsDep,
+    in_worker_thread,
+    visible_before_upload,
+)
 from label_party.exception_handlers import responses
 from label_party.exceptions import NotFoundError
 from label_party.labels.endpoints import MULTIPART_BODY, read_upload
@@ -60,6 +66,7 @@ async def register_plan(
     principal: PrincipalDep,
 ) -> PartitionPlanRead:
     require(principal, "admin", "client")
+    await visible_before_upload(request, principal, dataset_id)
     upload = await read_upload(request)
     try:
         fmt = file_format(upload.filename, upload.content_type)

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal, confirm, require, visible_dataset
+from label_party.auth import Principal, confirm, require, sees_own, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
 from label_party.db import transaction
@@ -138,13 +138,18 @@ def _plan(body: ReleaseCreate, dataset: Dataset) -> ReleasePlan:
 
 
 def _example_priors(
-    session: Session, settings: Settings, dataset: Dataset, plan: ReleasePlan
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    dataset: Dataset,
+    plan: ReleasePlan,
 ) -> example_priors.LoadedPriors | None:
-    """The prior set a ``groups`` / ``example`` release names, loaded (None: global)."""
+    """The prior set a ``groups`` / ``example`` release names, loaded (None: global);
+    its refusals come before anything is reserved, and depend on no label."""
     source = prior_source(plan)
     if source == "global":
         return None
-    prior = example_priors.get(session, dataset.id, str(plan.params["prior_id"]))
+    prior = example_priors.get(session, principal, dataset.id, str(plan.params["prior_id"]))
     wanted = "groups" if source == "groups" else "probabilities"
     if prior.kind != wanted:
         raise InvalidRequestError(
@@ -153,6 +158,8 @@ def _example_priors(
         )
     if prior.num_classes is not None and prior.num_classes != plan.domain.size:
         raise InvalidRequestError("the prior set's number of classes differs from the dataset's")
+    if prior.num_groups is not None:  # a set stored before the bound was checked at upload
+        example_priors.check_group_cells(prior.num_groups, plan.domain.size)
     return example_priors.load(settings, prior)
 
 
@@ -294,7 +301,7 @@ def create(
     selected, in_scope = scope.selected, scope.in_scope
     # Before the fit: a request the budget cannot afford costs no work under the lock.
     ledger.refuse_unless_affordable(session, principal, dataset, scope.cost, what="release")
-    priors = _example_priors(session, settings, dataset, scope.plan)
+    priors = _example_priors(session, settings, principal, dataset, scope.plan)
     plan = preflight(scope.plan, in_scope)
     with room.promised(settings, labels_path(settings, dataset), in_scope):
         entry = ledger.reserve(session, principal, dataset, scope.cost)
@@ -446,7 +453,7 @@ def get_visible(session: Session, principal: Principal, release_id: str) -> Rele
     """Admin: any release; client: its own; auditor: none (403)."""
     require(principal, "admin", "client")
     release = session.get(Release, release_id)
-    if release is None or (principal.role == "client" and release.created_by != principal.id):
+    if release is None or not sees_own(session, principal, release.created_by, release.dataset_id):
         raise NotFoundError(f"release {release_id} not found")
     return release
 

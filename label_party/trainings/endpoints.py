@@ -12,6 +12,7 @@ from label_party.deps import (
     SessionDep,
     SettingsDep,
     in_worker_thread,
+    visible_before_upload,
     with_idempotency_key,
 )
 from label_party.exception_handlers import responses
@@ -75,6 +76,7 @@ async def create_training(
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> TrainingRead:
     require(principal, "admin", "client")
+    await visible_before_upload(request, principal, dataset_id)
     # Two files at most: curl's -F spec=@spec.json sends the spec as one.
     form = await request.form(max_files=2, max_fields=10)
     try:

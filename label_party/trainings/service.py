@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
-from label_party.auth import Principal, confirm, require, visible_dataset
+from label_party.auth import Principal, confirm, require, sees_own, visible_dataset
 from label_party.config import Settings
 from label_party.datasets.domain import parse_domain
 from label_party.db import transaction
@@ -79,6 +79,7 @@ from shared.jsonl import TooDeepError, read_json_lines
 from shared.lease_queue import Status
 from shared.parquet import ParquetTooLargeError, publish_by_hash, read_parquet_bounded, temp_path
 from shared.protocol import DELTA_SCALE, amount_text
+from shared.strict_json import duplicate_key
 
 logger = logging.getLogger("label_party.trainings")
 
@@ -212,6 +213,9 @@ def _labelled_count(settings: Settings, dataset: Dataset, table: pa.Table) -> in
 def parse_spec(text: str | None) -> TrainingSpec:
     if text is None:
         raise InvalidRequestError("the multipart field 'spec' (JSON) is required")
+    key = duplicate_key(text.encode("utf-8", "surrogatepass"))
+    if key is not None:  # a form field: the body's own check does not read it
+        raise InvalidRequestError(f"the spec names the key {key!r} twice in one object")
     try:
         return TrainingSpec.model_validate_json(text)
     except ValidationError as exc:
@@ -473,7 +477,9 @@ def get_visible(session: Session, principal: Principal, training_id: str) -> Tra
     """Admin: any training; client: its own; auditor: none (403) — as for releases."""
     require(principal, "admin", "client")
     training = session.get(Training, training_id)
-    if training is None or (principal.role == "client" and training.created_by != principal.id):
+    if training is None or not sees_own(
+        session, principal, training.created_by, training.dataset_id
+    ):
         raise NotFoundError(f"training {training_id} not found")
     return training
 

@@ -5,6 +5,7 @@ their own releases, auditors read budgets and audit only, nobody reads raw label
 from __future__ import annotations
 
 import io
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -348,3 +349,78 @@ def test_openapi_declares_every_endpoint_and_its_errors(server: Server) -> None:
                 assert "401" in declared, (method, path)
                 if method in ("post", "delete"):
                     assert "422" in declared or "404" in declared, (method, path)
+
+
+def _grant(admin: Any, ds: str, name: str) -> tuple[str, Any]:
+    client_id, token = create_client(admin, "client", name)
+    assert admin.post(f"/v1/datasets/{ds}/grants", json={"client_id": client_id}).status_code == 201
+    return client_id, token
+
+
+def test_a_client_reads_its_own_releases_only_while_it_holds_the_grant(server: Server) -> None:
+    """Reads by id compared the release's maker alone: with its grant row gone, a
+    client still read the release and its labels (helper-79)."""
+    admin = server.client()
+    ds = create_dataset(admin, epsilon_budget=10)
+    assert upload_labels(admin, ds, [f"e{i}" for i in range(20)], [1.0] * 20).status_code == 200
+    client_id, token = _grant(admin, ds, "grant-lost")
+    client = server.client(token)
+    made = release(client, ds).json()["id"]
+    assert client.get(f"/v1/releases/{made}/labels").status_code == 200
+    db = connect(server.settings.resolved_database_url)
+    try:
+        with transaction(db.writer) as session:  # no endpoint removes one grant
+            session.execute(text("DELETE FROM grants WHERE client_id = :c"), {"c": client_id})
+    finally:
+        db.dispose()
+    for path in (f"/v1/releases/{made}", f"/v1/releases/{made}/labels"):
+        assert client.get(path).status_code == 404, path
+    assert admin.get(f"/v1/releases/{made}").status_code == 200
+
+
+def test_prior_sets_are_their_client_s_own(server: Server) -> None:
+    """Two clients of one dataset: the second listed the first's prior sets and
+    released with one, its groups in the manifest (helper-79)."""
+    admin = server.client()
+    ds = create_dataset(admin, task="classification", domain={"num_classes": 3},
+                        epsilon_budget=10)  # fmt: skip
+    ids = [f"e{i}" for i in range(30)]
+    assert upload_labels(admin, ds, ids, [i % 3 for i in range(30)]).status_code == 200
+    first = server.client(_grant(admin, ds, "first")[1])
+    second = server.client(_grant(admin, ds, "second")[1])
+    groups = parquet_bytes({"example_id": ids, "group": [f"g{i % 2}" for i in range(30)]})
+    r = first.post(f"/v1/datasets/{ds}/priors", files={"file": ("g.parquet", groups)},
+                   data={"kind": "groups"})  # fmt: skip
+    assert r.status_code == 201, r.text
+    prior = r.json()["id"]
+    assert [p["id"] for p in first.get(f"/v1/datasets/{ds}/priors").json()] == [prior]
+    assert second.get(f"/v1/datasets/{ds}/priors").json() == []
+    assert second.get(f"/v1/datasets/{ds}/priors/{prior}").status_code == 404
+    mechanism = {"name": "rr-with-prior", "prior_source": "groups", "prior_id": prior}
+    body = {"mechanism": mechanism, "epsilon": 1, "prior_epsilon": 0.5}
+    refused = second.post(f"/v1/datasets/{ds}/releases", json=body)
+    assert refused.status_code == 404, refused.text
+    assert second.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    assert first.post(f"/v1/datasets/{ds}/releases", json=body).status_code == 201
+    assert [p["id"] for p in admin.get(f"/v1/datasets/{ds}/priors").json()] == [prior]
+
+
+@pytest.mark.parametrize("route", ["priors", "partitions", "trainings"])
+def test_an_upload_to_a_dataset_the_client_may_not_see_is_refused_before_its_body(
+    server: Server, route: str
+) -> None:
+    """A client granted another dataset made the service read and spool a whole
+    upload (30 MB in the review) before its 404 (helper-79). Here the body never
+    comes: the answer must not wait for it."""
+    admin = server.client()
+    ds = create_dataset(admin, task="classification", domain={"num_classes": 3})
+    other = create_dataset(admin, name="other")
+    _, token = _grant(admin, other, f"elsewhere-{route}")
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (f"POST /v1/datasets/{ds}/{route} HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: 30000000\r\n"
+            "Content-Type: multipart/form-data; boundary=b\r\n\r\n")  # fmt: skip
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode() + b"--b\r\n")
+        answer = sock.recv(4096).decode()
+    assert answer.startswith("HTTP/1.1 404"), answer[:200]

@@ -378,3 +378,24 @@ def test_prior_files_are_parquet_named_by_hash(server: Server) -> None:
     assert hashlib.sha256(path.read_bytes()).hexdigest() == first["sha256"]
     stored = pq.read_table(path)
     assert stored.to_pydict() == {"example_id": ["a", "b"], "group": ["1", "2"]}
+
+
+def test_a_groups_prior_set_past_a_million_noisy_counts_is_refused(server: Server) -> None:
+    """A release draws one noisy count per group and class, one at a time under the
+    dataset's lock: 10,000 groups of 20 classes took 4.8 s, and K = 100,000 would
+    have taken hours (helper-80). Refused at upload, where both are public."""
+    admin = server.client()
+    ds = create_dataset(admin, task="classification", domain={"num_classes": 1000})
+    n = 1001
+    body = parquet_bytes({"example_id": [f"e{i}" for i in range(n)],
+                          "group": [f"g{i}" for i in range(n)]})  # fmt: skip
+    r = _upload_priors(admin, ds, "groups", body)
+    assert r.status_code == 422, r.text
+    assert r.json()["message"] == (
+        "1001 groups × 1000 classes is more than the 1,000,000 noisy counts a groups "
+        "release draws: use fewer groups"
+    )
+    assert admin.get(f"/v1/datasets/{ds}/priors").json() == []
+    fewer = parquet_bytes({"example_id": [f"e{i}" for i in range(n)],
+                           "group": [f"g{i % 1000}" for i in range(n)]})  # fmt: skip
+    assert _upload_priors(admin, ds, "groups", fewer).status_code == 201

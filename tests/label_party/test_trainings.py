@@ -888,6 +888,12 @@ def test_the_spec_may_come_as_a_file_part(server: Server, granted: Any) -> None:
         url, files={"file": features, "spec": ("spec.json", b'{"epsilon": 1, "x": 2}')}
     )
     assert bad.status_code == 422 and bad.json()["message"] == "invalid training spec"
+    # A form field: the JSON body's duplicate-key check does not read it, this does.
+    twice = client.post(
+        url, files={"file": features}, data={"spec": '{"epsilon": 1, "epsilon": 2}'}
+    )
+    assert twice.status_code == 422, twice.text
+    assert twice.json()["message"] == "the spec names the key 'epsilon' twice in one object"
     spec = json.dumps({"epsilon": 1, **CHEAP, "idempotency_key": "as-a-file"}).encode()
     r = client.post(url, files={"file": features, "spec": ("spec.json", spec)})
     assert r.status_code == 201, r.text
