@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from shared import json_columns
 from shared.migrations import upgrade_to_head
+from shared.sqlite_wal import use_wal
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _ADVISORY_LOCK = 0x1ABE1D9F  # any constant shared by every features-party process
@@ -39,8 +40,8 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            use_wal(dbapi_conn)
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()

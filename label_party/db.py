@@ -29,6 +29,7 @@ from sqlalchemy.pool import NullPool
 
 from shared import json_columns
 from shared.migrations import upgrade_to_head
+from shared.sqlite_wal import use_wal
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 #: The Postgres advisory lock that serializes this party's migrations.
@@ -78,8 +79,8 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy (not the driver) decide when transactions begin.
         dbapi_connection.isolation_level = None
+        use_wal(dbapi_connection)
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.close()

@@ -31,6 +31,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.pool import NullPool
 
+from shared.sqlite_wal import use_wal
+
 #: Seconds a SQLite upgrade waits for another process's to finish.
 SQLITE_WAIT_SECONDS: Final = 300
 
@@ -124,6 +126,9 @@ def _immediate_sqlite(engine: Engine) -> Engine:
     @event.listens_for(migrator, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy, not the driver, begins
+        # In WAL before it writes: a migration under the rollback journal held a lock
+        # that a server starting beside it could not switch the journal past.
+        use_wal(dbapi_connection)
 
     @event.listens_for(migrator, "begin")
     def _on_begin(connection: Any) -> None:
