@@ -624,7 +624,8 @@ def _training_spec(args: argparse.Namespace) -> dict[str, Any]:
         options[key] = getattr(args, key)
     twice = sorted(key for key, value in options.items() if value is not None and key in spec)
     if twice:  # one would silently override the other
-        given = ", ".join(f"{k} (--{k.replace('_', '-')})" for k in twice)
+        flags = {"expected_batch_size": "--batch-size"}
+        given = ", ".join(f"{k} ({flags.get(k, '--' + k.replace('_', '-'))})" for k in twice)
         raise CommandError(f"given both as an option and in --spec: {given}; give each once")
     spec.update((key, value) for key, value in options.items() if value is not None)
     if args.image_shape:

@@ -151,10 +151,12 @@ class BodyLimitMiddleware:
 
 
 async def _duplicate_key(body: bytes) -> str | None:
-    """The key a JSON body names twice in one object, if it does. FastAPI reads
-    a body without a content type as JSON too, so any body that opens like JSON
-    is checked (a form's never does)."""
-    if body.lstrip()[:1] not in (b"{", b"["):
+    """The key a JSON body names twice in one object, if it does. Every body is
+    tried, whatever its content type says (FastAPI reads one without a type as
+    JSON) and however it opens: ``json.loads`` reads UTF-8 after a byte-order mark,
+    and UTF-16 and UTF-32, as FastAPI does, and a gate on a leading ``{`` let
+    those through (helper-81). What is not JSON fails at its first bytes."""
+    if not body:
         return None
     if len(body) <= INLINE_PARSE_BYTES:
         return duplicate_key(body)

@@ -41,8 +41,11 @@ class RegressionDomain(BaseModel):
             raise ValueError("give either step or grid_size, not both")
         if self.step is not None:
             count = (self.max - self.min) / self.step
-            if not count < MAX_DOMAIN_SIZE:  # also an infinite count: a step of 1e-320
-                raise ValueError(f"(max − min) / step must be below {MAX_DOMAIN_SIZE:,} steps")
+            # At most as many steps as before MAX_DOMAIN_SIZE was named (a stored
+            # domain of 100,000 steps must still read); LABELDP_MAX_GRID_SIZE, at
+            # most MAX_DOMAIN_SIZE, refuses such a grid for a new dataset.
+            if not count <= MAX_DOMAIN_SIZE:  # also an infinite count: a step of 1e-320
+                raise ValueError(f"(max − min) / step must be at most {MAX_DOMAIN_SIZE:,} steps")
             if abs(count - round(count)) > 1e-9 * max(1.0, count):
                 raise ValueError("(max − min) must be a whole number of steps")
         return self

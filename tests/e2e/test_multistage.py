@@ -227,9 +227,6 @@ def test_what_would_waste_epsilon_is_refused_before_any_spend(services: Services
     assert done.returncode == 2 and "epochz" in done.stderr, done.stderr
 
 
-@pytest.mark.skipif(
-    torch.cuda.is_available(), reason="the failing job needs a machine without CUDA"
-)
 def _fail_the_gpu_job(services: Services, timeout: float = 60) -> None:
     """What a worker that offers a GPU it cannot use does with the stage's job: the
     services' CPU-only worker leaves a job asking for CUDA queued; this one claims
@@ -247,6 +244,9 @@ def _fail_the_gpu_job(services: Services, timeout: float = 60) -> None:
         database.dispose()
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the failing job needs a machine without CUDA"
+)
 def test_resume_trains_a_failed_stage_again_without_paying_twice(services: Services) -> None:
     dataset_id, token, feature_set_id = _setup(services, budget=1.0)
     # device cuda on a machine without one: the stage-1 job fails (_fail_the_gpu_job).

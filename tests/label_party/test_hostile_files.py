@@ -198,6 +198,14 @@ def test_json_naming_a_key_twice_is_refused_not_read_last_wins(server: Server) -
         b', "epsilon_budget": 5', b""
     )
     _refused(admin.post("/v1/datasets", content=nested), "'min' twice")  # no content type
+    # JSON after a UTF-8 byte-order mark, and in UTF-16 or UTF-32, which FastAPI reads
+    # as json.loads does: a gate on a leading "{" let them through (helper-81).
+    text = body.decode()
+    for encoded in (b"\xef\xbb\xbf" + body, *(text.encode(c) for c in ("utf-16", "utf-32-be"))):
+        r = admin.post(
+            "/v1/datasets", content=encoded, headers={"Content-Type": "application/json"}
+        )
+        _refused(r, "'epsilon_budget' twice")
     names = [d["name"] for d in every_row(admin.get("/v1/datasets"), admin.get)]
     assert "twice" not in names
     ds = create_dataset(admin)

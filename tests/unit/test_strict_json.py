@@ -19,8 +19,16 @@ def test_a_key_named_twice_at_any_depth_is_found() -> None:
 
 
 def test_what_is_not_json_is_not_judged_here() -> None:
-    for data in (b"{", b"not json", b"\xff\xfe{", b"[" * 100_000):
+    for data in (b"{", b"not json", b"\xff\xfe{", b"[" * 100_000, b"a=1&a=2"):
         assert duplicate_key(data) is None
+
+
+def test_json_in_any_encoding_json_loads_reads_is_judged() -> None:
+    """``json.loads`` reads UTF-8 after a byte-order mark, UTF-16 and UTF-32, as
+    FastAPI's body parsing does (helper-81)."""
+    text = '{"a": 1, "a": 2}'
+    for data in (b"\xef\xbb\xbf" + text.encode(), text.encode("utf-16"), text.encode("utf-32-le")):
+        assert duplicate_key(data) == "a"
 
 
 def test_a_long_key_is_cut_in_the_message() -> None:
