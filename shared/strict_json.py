@@ -38,7 +38,8 @@ def loads(data: str | bytes) -> Any:
 
 
 def _unique_keys_only(pairs: list[tuple[str, Any]]) -> None:
-    """As :func:`_unique`, building nothing: half the time of a full parse."""
+    """As :func:`_unique`, building nothing: 1.3× a plain ``json.loads`` of 8 MiB of
+    rows, where a hook that builds each object took 2× (helper-81)."""
     if len({key for key, _ in pairs}) != len(pairs):
         _unique(pairs)
 

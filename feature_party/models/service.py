@@ -247,7 +247,7 @@ def _predict(
         )
     with_ids = ID in names
     if not with_ids:
-        _refuse_unknown_without_ids(predictor, names)
+        _refuse_numbering_beside_an_id(predictor, names)
     predictions: list[np.ndarray] = []
     ids: list[pa.Array | pa.ChunkedArray] = []
     not_finite: list[np.ndarray] = []
@@ -275,7 +275,7 @@ def _predict(
     return PredictionAnswer(pa.chunked_array(ids, pa.string()) if with_ids else None, prediction)
 
 
-def _refuse_unknown_without_ids(predictor: Predictor, names: list[str]) -> None:
+def _refuse_numbering_beside_an_id(predictor: Predictor, names: list[str]) -> None:
     """Rows without ``example_id`` are numbered from 0; a column the model does not
     read that is named like an id (``id``, ``user_id``, ``example_id `` with a
     space) is refused instead: a file of ``id,f,g`` was answered with ids ``"0"``,
