@@ -181,7 +181,9 @@ def verify(session: Session, *, batch: int = 5000, anchor: Anchor | None = None)
             False, count, None, "the chain is shorter than the anchor: entries were removed"
         )
     result = _verify_ledger(session, count, budgets, releases)
-    head = f"{after}:{prev}" if count else None
+    # A failed check gives no head: an auditor keeping whatever head it sees would
+    # anchor on a state that failed (a ledger edit leaves the chain itself intact).
+    head = f"{after}:{prev}" if count and result.ok else None
     return dataclasses.replace(result, head=head)
 
 

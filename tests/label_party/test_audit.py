@@ -63,6 +63,7 @@ def test_editing_any_row_is_detected(server: Server, engine: Engine) -> None:
         s=uploaded["seq"],
     )
     assert result["ok"] is False and result["first_bad_entry"] == uploaded["seq"]
+    assert result["head"] is None
 
     # The ledger's spend re-derived from the log must match the ledger table.
     ledger_id = json.loads(json.dumps(released["payload"]))["ledger_entry_id"]
@@ -74,6 +75,8 @@ def test_editing_any_row_is_detected(server: Server, engine: Engine) -> None:
         i=ledger_id,
     )
     assert result["ok"] is False and result["first_bad_entry"] == released["seq"]
+    # A failed check gives no head to keep as an anchor, wherever it failed (helper-82).
+    assert result["head"] is None
 
     result = _tampered(
         engine,
@@ -83,6 +86,7 @@ def test_editing_any_row_is_detected(server: Server, engine: Engine) -> None:
         d=ds,
     )
     assert result["ok"] is False and result["first_bad_entry"] == created["seq"]
+    assert result["head"] is None
 
     result = _tampered(
         engine,
@@ -92,6 +96,7 @@ def test_editing_any_row_is_detected(server: Server, engine: Engine) -> None:
         s=created["seq"],
     )
     assert result["ok"] is False and result["first_bad_entry"] == created["seq"]
+    assert result["head"] is None
 
     assert admin.get("/v1/audit/verify").json()["ok"] is True
 
