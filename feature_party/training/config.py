@@ -107,6 +107,19 @@ class TrainingConfig(BaseModel):
         "(several CPU processes use the gloo backend)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _loss_follows_task(cls, data: object) -> object:
+        """A loss left out is the task's, and a task left out is the loss's:
+        ``{"task": "classification"}`` alone was refused for the regression default
+        ``squared`` (helper-82), which ``cross-entropy`` alone also met."""
+        if isinstance(data, dict):
+            if "loss" not in data and data.get("task") == "classification":
+                return {**data, "loss": "cross-entropy"}
+            if "task" not in data and data.get("loss") in CLASSIFICATION_LOSSES:
+                return {**data, "task": "classification"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> Self:
         classification = self.loss in CLASSIFICATION_LOSSES

@@ -328,6 +328,19 @@ def test_config_validation() -> None:
     assert TrainingConfig(device="cpu", processes=2).world_size == 2
 
 
+def test_a_loss_left_out_follows_the_task_and_a_task_the_loss() -> None:
+    """``{"task": "classification"}`` alone met the regression default loss and was
+    refused (helper-82); as JSON, the way a job's body arrives."""
+    classifier = TrainingConfig.model_validate_json('{"task": "classification"}')
+    assert (classifier.task, classifier.loss) == ("classification", "cross-entropy")
+    debiased = TrainingConfig.model_validate_json('{"loss": "rr-debiased-cross-entropy"}')
+    assert debiased.task == "classification"
+    regression = TrainingConfig.model_validate_json('{"loss": "poisson"}')
+    assert (regression.task, TrainingConfig().loss) == ("regression", "squared")
+    with pytest.raises(ValueError, match="does not fit"):
+        TrainingConfig.model_validate_json('{"task": "regression", "loss": "cross-entropy"}')
+
+
 @pytest.mark.parametrize("algorithm", ["rmsprop", "adam", "sgd"])
 def test_lazy_row_updates_match_the_dense_optimizer_on_touched_rows(algorithm: str) -> None:
     """A batch that touches every row gets exactly the configured dense update;
