@@ -38,7 +38,7 @@ from label_party.labels.validation import (
 from label_party.ledger.service import lock_dataset
 from label_party.models import Dataset, PartitionPlan
 from label_party.partitions import repository
-from label_party.storage import partition_path, write_table
+from label_party.storage import partition_path, persisted, write_table
 
 COLUMNS = ("example_id", "part")
 MAX_PARTS = 10_000
@@ -78,7 +78,8 @@ def register(
         existing = get_plan(session, dataset.id)  # registered while the file was read?
         if existing is None:
             return _create(session, settings, principal, dataset, clean, sizes), True
-    if not _same_assignment(clean, pq.read_table(partition_path(settings, existing))):
+    stored = persisted(settings, partition_path(settings, existing), "the partition plan")
+    if not _same_assignment(clean, pq.read_table(stored)):
         raise ConflictError(
             "the dataset already has another partition plan (one per dataset; registering "
             "the same assignment again returns it)"

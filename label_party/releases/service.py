@@ -177,7 +177,7 @@ def _selected_ids(
             f"unknown part(s): {', '.join(unknown[:20])}{more}",
             {"unknown": unknown[:MAX_REPORTED], "num_unknown": len(unknown)},
         )
-    table = pq.read_table(partition_path(settings, plan))
+    table = pq.read_table(persisted(settings, partition_path(settings, plan), "the partition plan"))
     mask = pc.is_in(table.column("part"), value_set=pa.array(list(parts), pa.string()))
     return table.column("example_id").filter(mask).combine_chunks()
 

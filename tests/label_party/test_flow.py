@@ -695,6 +695,21 @@ def test_a_release_whose_file_was_lost_says_so(server: Server) -> None:
     r = admin.post(f"/v1/datasets/{classes}/priors", files={"file": ("g.csv", groups)},
                    data={"kind": "groups"})  # fmt: skip
     assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
+    # A partition plan's file: a release of its parts and the plan sent again were
+    # anonymous 500s from pyarrow (helper-85); they name the file and charge nothing.
+    parted = create_dataset(admin, epsilon_budget=3)
+    assert upload_labels(admin, parted, ["a", "b"], [1.0, 2.0]).status_code == 200
+    plan = b"example_id,part\na,A\nb,B\n"
+    r = admin.post(f"/v1/datasets/{parted}/partitions", files={"file": ("p.csv", plan)})
+    assert r.status_code == 201, r.text
+    for lost in (server.settings.partitions_dir / parted).glob("*.parquet"):
+        lost.unlink()
+    r = release(admin, parted, 1, parts=["A"])
+    assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
+    assert f"partitions/{parted}/" in r.json()["message"]
+    r = admin.post(f"/v1/datasets/{parted}/partitions", files={"file": ("p.csv", plan)})
+    assert r.status_code == 500 and r.json()["error"] == "file_missing", r.text
+    assert admin.get(f"/v1/datasets/{parted}/budget").json()["epsilon_spent"] == 0
 
 
 def test_a_domain_larger_than_the_operator_allows_names_the_setting(server: Server) -> None:
