@@ -27,6 +27,7 @@ from label_party.releases.endpoints import router as releases_router
 from label_party.storage import sweep_orphans
 from label_party.trainings.endpoints import router as trainings_router
 from shared.errors import UnexpectedErrorMiddleware
+from shared.keyed_locks import KeyedLocks
 from shared.limits import BodyLimitMiddleware
 from shared.overload import RequestLimitMiddleware, enough_threads
 from shared.request_log import RequestLogMiddleware
@@ -41,11 +42,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         enough_threads(settings.max_concurrent_requests)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        db = connect(settings.resolved_database_url)
+        db = connect(settings.resolved_database_url, connections=settings.database_connections)
         migrate(db.engine)
         with transaction(db.writer) as session:
             sweep_orphans(settings, session)
         app.state.db = db
+        app.state.dataset_queues = KeyedLocks()
         logger.info("service ready", extra={"fields": {"mode": settings.mode}})
         try:
             yield

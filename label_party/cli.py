@@ -256,7 +256,7 @@ def run_worker(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
 
     def open_worker(url: str) -> tuple[Worker, Callable[[], None]]:
-        db = connect(url)
+        db = connect(url, connections=settings.database_connections)
         migrate(db.engine)
         return Worker(db, settings, worker_id=args.worker_id), db.dispose
 

@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     #: Requests answered at once (503 ``overloaded`` beyond); the thread pool gets
     #: as many threads (``shared.overload``).
     max_concurrent_requests: int = Field(default=100, ge=1, le=10_000)
+    #: Most connections a process opens to Postgres (its pool; 20 kept when idle).
+    database_connections: int = Field(default=70, ge=2, le=10_000)
     log_level: LogLevel = "INFO"
     #: LabelDP-Pro trainings (``labeldp label-party worker``): the torch device
     #: (``auto``: CUDA when the worker has it), how often an idle worker polls,

@@ -58,11 +58,22 @@ class Database:
             self.writer_engine.dispose()
 
 
-def connect(url: str) -> Database:
+#: Connections a Postgres pool keeps open when idle; up to ``connections`` in all.
+_POOL_IDLE = 20
+
+
+def connect(url: str, *, connections: int = 70) -> Database:
+    """The engines of ``url``; on Postgres a pool of at most ``connections``
+    (``LABELDP_DATABASE_CONNECTIONS``). SQLite opens one per transaction."""
     if url.startswith("sqlite"):
         return Database(_sqlite_engine(url, immediate=False), _sqlite_engine(url, immediate=True))
+    idle = min(_POOL_IDLE, connections)
     engine = create_engine(
-        url, pool_size=20, max_overflow=50, pool_pre_ping=True, json_serializer=json_columns.dumps
+        url,
+        pool_size=idle,
+        max_overflow=connections - idle,
+        pool_pre_ping=True,
+        json_serializer=json_columns.dumps,
     )
     return Database(engine, engine)
 

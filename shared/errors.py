@@ -195,6 +195,15 @@ def unexpected_error_response(logger: logging.Logger, exc: BaseException) -> JSO
             "a value in the request cannot be stored by the database (a NUL character, "
             "or longer than the service keeps)",
         )
+    if isinstance(exc, PoolTimeoutError):
+        # The database answers; this process's connections are all in use.
+        response = error_response(
+            503,
+            "database_busy",
+            "every database connection of the service is in use; retry shortly",
+        )
+        response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response
     if database_unavailable(exc):
         response = error_response(
             503,

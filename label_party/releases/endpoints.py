@@ -14,7 +14,7 @@ from label_party.deps import (
     SessionDep,
     SettingsDep,
     WriterDep,
-    in_worker_thread,
+    in_dataset_queue,
     with_idempotency_key,
 )
 from label_party.exception_handlers import responses
@@ -66,7 +66,7 @@ async def create_release(
         )
         return service.to_read(session, release), created
 
-    manifest, created = await in_worker_thread(work)
+    manifest, created = await in_dataset_queue(request, dataset_id, work)
     if not created:
         response.status_code = status.HTTP_200_OK
     return manifest

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from tests.label_party.conftest import ADMIN_TOKEN, Server
-from tests.label_party.helpers import create_client, create_dataset, upload_labels
+from tests.label_party.helpers import create_client, create_dataset, release, upload_labels
 
 pytestmark = pytest.mark.slow
 
@@ -136,3 +139,35 @@ def _audit(admin: httpx.Client) -> list[dict[str, object]]:
         if page["next_after"] is None:
             return entries
         after = page["next_after"]
+
+
+def test_releases_queued_on_one_dataset_leave_connections_for_the_others(
+    make_server: Callable[..., Server], database_url: str
+) -> None:
+    """Releases waiting on one dataset's row lock each held a pooled connection:
+    90 of them took the pool's 70, and every other dataset's requests, their
+    authentication included, waited 19–26 s or were answered 503 (helper-85). They
+    now queue in the process before they take one."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite has no pool: a transaction opens its own connection")
+    server = make_server(LABELDP_DATABASE_CONNECTIONS="3").start()
+    admin = server.client()
+    hot, cold = (create_dataset(admin, epsilon_budget=10) for _ in range(2))
+    for ds in (hot, cold):
+        assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    pool, engine = ThreadPoolExecutor(4), create_engine(database_url)
+    try:
+        # Another process's release, as it were: it holds the hot dataset's row.
+        with engine.connect() as holder, holder.begin():
+            holder.execute(text("SELECT id FROM datasets WHERE id = :d FOR UPDATE"), {"d": hot})
+            queued = [pool.submit(release, server.client(), hot, 0.1) for _ in range(4)]
+            time.sleep(2)  # they reach the lock, or the queue before it
+            other = server.client(timeout=20)  # under the pool's 30 s wait
+            assert other.get(f"/v1/datasets/{cold}/budget").status_code == 200
+            assert release(other, cold, 0.1).status_code == 201
+            assert not any(f.done() for f in queued)
+        assert [f.result().status_code for f in queued] == [201] * 4
+    finally:
+        pool.shutdown()
+        engine.dispose()
+    assert admin.get(f"/v1/datasets/{hot}/budget").json()["epsilon_spent"] == 0.4

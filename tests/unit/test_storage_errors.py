@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy.pool import QueuePool
 
 from shared.errors import storage_problem, unexpected_error_response
 from shared.logging import JsonFormatter
@@ -69,3 +71,21 @@ def test_a_full_sqlite_database_is_storage_refusing_a_write(tmp_path: Path) -> N
     response = unexpected_error_response(LOGGER, full.value)
     assert response.status_code == 507
     assert json.loads(bytes(response.body))["detail"] == {"errno": "SQLITE_FULL"}
+
+
+def test_a_pool_with_every_connection_in_use_is_busy_not_down(tmp_path: Path) -> None:
+    """The pool's own timeout said "the database is not answering" while Postgres
+    answered every other process (helper-85): it is 503 ``database_busy``."""
+    engine = create_engine(
+        f"sqlite:///{tmp_path / 'busy.db'}", poolclass=QueuePool, pool_size=1, max_overflow=0,
+        pool_timeout=0.1,
+    )  # fmt: skip
+    try:
+        with engine.connect(), pytest.raises(PoolTimeoutError) as caught, engine.connect():
+            pass
+    finally:
+        engine.dispose()
+    response = unexpected_error_response(LOGGER, caught.value)
+    body = json.loads(bytes(response.body))
+    assert (response.status_code, body["error"]) == (503, "database_busy")
+    assert response.headers["retry-after"] == "5"
