@@ -22,7 +22,9 @@ from shared.tokens import MIN_LENGTH, AdminToken, admin_token_problem
 #: Secrets nobody may deploy with.
 
 #: Where a test may ask the server to SIGKILL itself (crash-safety tests).
-CrashPoint = Literal["release_before_commit", "release_mechanism_fails", "release_io_error"]
+CrashPoint = Literal[
+    "release_before_commit", "release_mechanism_fails", "release_io_error", "labels_after_commit"
+]
 
 
 class Settings(BaseSettings):

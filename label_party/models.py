@@ -143,6 +143,16 @@ class ReleaseFailure(Base):
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
 
+class ReplacedLabels(Base):
+    """A labels file an upload replaced, named in the upload's transaction: deleted
+    after the commit, or by the next start-up sweep if a crash came in between."""
+
+    __tablename__ = "replaced_labels"
+
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
 class AuditEntry(Base):
     """One link of the append-only, hash-chained audit log (DESIGN.md §3.6).
 

@@ -45,7 +45,14 @@ from sqlalchemy.orm import Session
 
 from label_party.config import Settings
 from label_party.exceptions import FileMissingError
-from label_party.models import Dataset, PartitionPlan, PriorSet, Release, Training
+from label_party.models import (
+    Dataset,
+    PartitionPlan,
+    PriorSet,
+    Release,
+    ReplacedLabels,
+    Training,
+)
 from shared.lease_queue import Status
 from shared.parquet import publish_by_hash, temp_path
 
@@ -244,6 +251,7 @@ def sweep_orphans(
         for d, s in session.execute(select(Dataset.id, Dataset.labels_sha256))
         if s is not None
     }
+    removed += _delete_replaced_labels(settings, session, current=keep)
     keep |= {
         (d, s) for d, s in session.execute(select(PartitionPlan.dataset_id, PartitionPlan.sha256))
     }
@@ -259,6 +267,33 @@ def sweep_orphans(
             extra={"fields": {"files": removed}},
         )
     return removed
+
+
+def _delete_replaced_labels(
+    settings: Settings, session: Session, *, current: set[tuple[str, str]]
+) -> int:
+    """Delete the labels files that uploads replaced, where a crash came between
+    the upload's commit and the deletion (a row of ``replaced_labels`` names each),
+    unless a later upload named the same file again; their rows go with them. Raw
+    labels a correction or a deletion request replaced were set aside whole in
+    ``orphans/`` (helper-83). Files no row names are still only set aside: a
+    database restored from an older backup knows nothing of them."""
+    deleted = 0
+    for row in session.scalars(select(ReplacedLabels)).all():
+        path = settings.labels_dir / row.dataset_id / f"{row.sha256}.parquet"
+        if (row.dataset_id, row.sha256) not in current and path.exists():
+            try:
+                path.unlink()
+            except OSError as exc:  # kept, and its row, for the next start
+                logger.error("replaced labels not deleted", exc_info=exc)
+                continue
+            deleted += 1
+        session.delete(row)
+    if deleted:
+        logger.warning(
+            "deleted replaced labels a crash had left", extra={"fields": {"files": deleted}}
+        )
+    return deleted
 
 
 def _sweep_trainings(settings: Settings, session: Session, *, grace_seconds: float) -> int:

@@ -8,8 +8,11 @@ runs, so a training in any status freezes them, cancelled and failed ones too.)
 
 from __future__ import annotations
 
+import os
+from signal import SIGKILL
 from typing import IO
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from label_party.audit import service as audit
@@ -20,6 +23,7 @@ from label_party.db import transaction
 from label_party.exceptions import InvalidLabelsError, LabelsFrozenError, RejectedUploadError
 from label_party.labels.validation import FileFormat, read_table, validate
 from label_party.ledger.service import lock_dataset
+from label_party.models import ReplacedLabels
 from label_party.releases import repository as releases_repository
 from label_party.storage import delete_after_commit, in_public_order, labels_path, write_table
 from label_party.trainings import repository as trainings_repository
@@ -77,6 +81,12 @@ def upload(
             current = lock_dataset(check, dataset_id)
             return labels_path(settings, current) == replaced
 
+        # Named in this transaction: a crash between the commit and the deletion
+        # leaves the start-up sweep a record to delete it by (helper-83).
+        if session.get(ReplacedLabels, (locked.id, replaced.stem)) is None:
+            session.add(ReplacedLabels(dataset_id=locked.id, sha256=replaced.stem))
+        if settings.test_crash_point == "labels_after_commit":
+            event.listen(session, "after_commit", lambda _: os.kill(os.getpid(), SIGKILL))
         delete_after_commit(session, replaced, "replaced labels", named_again=named_again)
     locked.labels_sha256 = sha
     locked.num_labels = count

@@ -89,3 +89,28 @@ def test_a_restart_starts_whatever_becomes_of_the_orphans(make_server: Any) -> N
         assert len(list((other / "releases").glob("*.parquet"))) == 1
     finally:
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_labels_replaced_before_a_crash_are_deleted_at_the_restart(make_server: Any) -> None:
+    """A server killed between a correction's commit and the old file's deletion
+    left the replaced raw labels whole in ``orphans/labels/`` at the next start,
+    though a correction or a deletion request must not leave them (helper-83). The
+    upload names the file it replaces in its transaction; the sweep deletes it."""
+    crashing = make_server(subprocess=True, LABELDP_TEST_CRASH_POINT="labels_after_commit")
+    admin = crashing.start().client()
+    ds = create_dataset(admin)
+    assert upload_labels(admin, ds, ["a", "b", "c"], [1.0, 2.0, 9.0]).status_code == 200
+    data = Path(crashing.env["LABELDP_DATA_DIR"])
+    (replaced,) = (data / "labels" / ds).glob("*.parquet")
+    with pytest.raises(httpx.TransportError):  # the correction: c is to be forgotten
+        upload_labels(admin, ds, ["a", "b"], [1.0, 2.0])
+    assert crashing.wait_exit() == -signal.SIGKILL
+    assert replaced.exists()  # the crash came before the deletion
+
+    admin = make_server(subprocess=True).start().client()
+    assert admin.get(f"/v1/datasets/{ds}").json()["num_labels"] == 2
+    assert not replaced.exists() and not any((data / "orphans").rglob(replaced.name))
+    (current,) = (data / "labels" / ds).glob("*.parquet")  # the correction's, kept
+    assert release(admin, ds, 0.1).status_code == 201
+    assert admin.get("/v1/audit/verify").json()["ok"] is True
+    assert current.exists()
