@@ -85,15 +85,24 @@ HIGH_EPSILON_CHOICE = (
 )
 
 
+#: ``auto``'s choice below ``unbiased.MIN_EPSILON``, likewise a function of ε alone.
+LOW_EPSILON_CHOICE = (
+    "debiased-rr",
+    "below ε = 0.001 the unbiased LP is not solved reliably; ε-dbRR is unbiased too",
+)
+
+
 def _auto_choice(loss: Loss, epsilon: float) -> tuple[str, str]:
     """``auto``'s mechanism for ``loss`` at ``epsilon``, and why: public inputs only."""
-    from label_party.mechanisms.unbiased import MAX_EPSILON  # HiGHS: only when used
+    from label_party.mechanisms.unbiased import MAX_EPSILON, MIN_EPSILON  # HiGHS: when used
 
     if loss not in AUTO_CHOICES:
         raise MechanismError(f"auto has no choice for the {loss!r} loss")
     name, reason = AUTO_CHOICES[loss]
     if name == "unbiased" and epsilon > MAX_EPSILON:
         return HIGH_EPSILON_CHOICE
+    if name == "unbiased" and epsilon < MIN_EPSILON:
+        return LOW_EPSILON_CHOICE
     return name, reason
 
 

@@ -133,6 +133,14 @@ MAX_ROUNDS = 500
 #: from ε = 13.06, none below (helper-77). Refused up front (label-independent,
 #: free); ``auto`` picks ε-dbRR there, which the optimum approaches as ε grows.
 MAX_EPSILON = 12.0
+#: Below this ε the coefficients e^ε − 1 vanish beside 1 and HiGHS returns
+#: solutions that fail the unbiasedness check on some priors (helper-87: 21-29 of
+#: 40 noisy priors at ε = 5·10⁻⁷, k = 101, mesh 2, while the uniform preflight
+#: passed, so the release failed after it was charged). Measured here, random and
+#: noisy priors, mesh 2: failures at k = 101 up to ε = 10⁻⁶, at k = 401 at 10⁻⁵, at
+#: k = 1001 at 3·10⁻⁵; none at 10⁻⁴ or 10⁻³ (k ≤ 1001). Refused up front, free;
+#: ``auto`` picks ε-dbRR there, unbiased at any ε.
+MIN_EPSILON = 1e-3
 
 _PARAMS = frozenset({"mesh", "output_set"})
 #: Outputs in the first restricted LP.
@@ -797,6 +805,12 @@ def optimal_unbiased(
             f"the unbiased LP is not solved reliably above ε = {MAX_EPSILON:g} (its "
             "coefficients reach e^ε); use debiased-rr, which its optimum approaches as ε "
             "grows, or auto, which does"
+        )
+    if eps < MIN_EPSILON:
+        raise MechanismError(
+            f"the unbiased LP is not solved reliably below ε = {MIN_EPSILON:g} (its "
+            "coefficients e^ε − 1 vanish); use debiased-rr, unbiased at any ε, or auto, "
+            "which does"
         )
     v, p = validate_prior(values, prior)
     n = default_mesh(v.size) if mesh is None else _check_mesh(mesh)

@@ -27,6 +27,7 @@ from label_party.mechanisms.registry import fit
 from label_party.mechanisms.unbiased import (
     MAX_EPSILON,
     MAX_MESH,
+    MIN_EPSILON,
     debiased_rr,
     debiased_rr_from_request,
     default_mesh,
@@ -337,6 +338,35 @@ def test_above_its_epsilon_ceiling_unbiased_is_refused_and_auto_picks_dbrr() -> 
                      loss="squared")  # fmt: skip
     assert isinstance(at_ceiling, FiniteMechanism) and at_ceiling.name == "unbiased"
     _assert_dp(at_ceiling.matrix, MAX_EPSILON)
+
+
+def _noisy_prior(k: int, seed: int) -> np.ndarray:
+    """A release's prior at a tiny ε₁: 400 labels' counts under Laplace noise."""
+    rng = np.random.default_rng(seed)
+    counts = np.bincount(rng.integers(0, k, 400), minlength=k).astype(float)
+    noisy = np.maximum(counts + rng.laplace(0, 2 / 5e-7, k), 0)
+    return noisy / noisy.sum() if noisy.sum() > 0 else np.full(k, 1 / k)
+
+
+def test_below_its_epsilon_floor_unbiased_is_refused_for_free_and_auto_picks_dbrr() -> None:
+    """At ε = 5·10⁻⁷ (k = 101, mesh 2) the uniform prior's fit, a release's free
+    preflight, passed and half of the noisy priors a release fits failed the
+    unbiasedness check after the budget was reserved (helper-87). Below MIN_EPSILON
+    the refusal depends on ε alone; at it, those priors fit."""
+    values = np.linspace(0.0, 10.0, 101)
+    for prior in (np.full(101, 1 / 101), _noisy_prior(101, 0)):
+        with pytest.raises(MechanismError, match=r"not solved reliably below ε = 0\.001"):
+            optimal_unbiased(values, prior, epsilon=5e-7, mesh=2)
+        chosen = fit("auto", epsilon=5e-7, values=values, prior=prior, loss="squared")
+        assert isinstance(chosen, FiniteMechanism) and chosen.name == "debiased-rr"
+        assert "below ε = 0.001" in chosen.params["reason"]
+    for k in (101, 1001):  # 1001 values failed up to ε = 3·10⁻⁵
+        grid = np.linspace(0.0, 10.0, k)
+        for seed in range(3):
+            mech = optimal_unbiased(grid, _noisy_prior(k, seed), epsilon=MIN_EPSILON, mesh=2)
+            _assert_dp(mech.matrix, MIN_EPSILON)
+    assert fit("auto", epsilon=MIN_EPSILON, values=values, prior=_noisy_prior(101, 1),
+               loss="squared").name == "unbiased"  # fmt: skip
 
 
 def test_single_value_is_returned_as_is() -> None:
