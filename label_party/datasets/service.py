@@ -10,10 +10,11 @@ from sqlalchemy.orm import Session
 from label_party.audit import service as audit
 from label_party.auth import Principal
 from label_party.datasets import repository
-from label_party.datasets.domain import parse_domain
+from label_party.datasets.domain import RegressionDomain, parse_domain
 from label_party.datasets.schemas import DatasetCreate, DatasetRead
 from label_party.exceptions import InvalidRequestError
 from label_party.ledger.units import delta_decimal, delta_units, epsilon_decimal, epsilon_units
+from label_party.mechanisms.lattice import LATTICE_STEPS, MIN_LATTICE_STEP
 from label_party.models import Dataset
 from label_party.partitions.service import get_plan
 
@@ -26,6 +27,15 @@ def create(
     except ValidationError as exc:
         detail = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
         raise InvalidRequestError("the label domain is not valid", detail) from None
+    if isinstance(domain, RegressionDomain) and not (
+        (domain.max - domain.min) / LATTICE_STEPS >= MIN_LATTICE_STEP
+    ):
+        # Refused for new datasets only: a stored one still reads, and its
+        # additive releases are refused by the mechanisms (free).
+        raise InvalidRequestError(
+            f"the label domain is narrower than the mechanisms randomize on: max − min "
+            f"must be at least {MIN_LATTICE_STEP * LATTICE_STEPS:.3g}"
+        )
     if domain.size > max_grid:
         what = "classes" if body.task == "classification" else "grid points"
         raise InvalidRequestError(

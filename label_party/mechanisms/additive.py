@@ -87,6 +87,7 @@ from label_party.mechanisms.base import (
 )
 from label_party.mechanisms.lattice import (
     LATTICE_STEPS,
+    MIN_LATTICE_STEP,
     MIN_RATE,
     geometric,
     two_sided_geometric,
@@ -530,6 +531,14 @@ def _bounds(request: FitRequest) -> tuple[float, float]:
     lo, hi = (float(x) for x in request.bounds)
     if not (math.isfinite(lo) and math.isfinite(hi)) or not lo < hi:
         raise MechanismError(f"bounds must be finite with min < max, got [{lo}, {hi}]")
+    if not (hi - lo) / LATTICE_STEPS >= MIN_LATTICE_STEP:
+        # A step that underflows to 0 (or loses digits) mapped lo to NaN and hi to
+        # lo: every label released exactly, at any ε (helper-86).
+        raise MechanismError(
+            f"the domain [{lo:g}, {hi:g}] is narrower than these mechanisms randomize "
+            f"on: max − min must be at least {MIN_LATTICE_STEP * LATTICE_STEPS:.3g} "
+            "(2¹⁶ lattice steps of normal floats)"
+        )
     return lo, hi
 
 

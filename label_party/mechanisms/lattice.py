@@ -35,6 +35,7 @@ second only where they tie (probability 2⁻⁶⁴), so it costs what a 64-bit c
 from __future__ import annotations
 
 import math
+import sys
 from decimal import ROUND_FLOOR, Decimal, localcontext
 from functools import lru_cache
 
@@ -45,6 +46,9 @@ from label_party.mechanisms.base import FloatArray
 #: Lattice steps across a continuous domain: h = Δ / 2¹⁶, far finer than any noise
 #: (scale Δ/ε), so the rounding adds at most h²/4 to the squared loss.
 LATTICE_STEPS = 1 << 16
+#: The least lattice step: the smallest normal double. A subnormal step holds fewer
+#: digits, and one that underflows to 0 released every label exactly (helper-86).
+MIN_LATTICE_STEP = sys.float_info.min
 
 #: A coin is a count of this many equally likely draws (two 64-bit words).
 COIN_QUANTA = 1 << 128

@@ -514,6 +514,14 @@ def test_a_domain_whose_noise_overflows_a_float_is_refused_free(server: Server) 
     tiny = {**body, "label_domain": {"min": 0, "max": 1, "step": 1e-320}}
     r = admin.post("/v1/datasets", json=tiny)
     assert r.status_code == 422 and "100,000 steps" in r.text, r.text
+    # A domain so narrow that its lattice step underflowed: additive releases gave
+    # every label exactly, NaN for min and min for max (helper-86).
+    narrow = {**body, "label_domain": {"min": 0, "max": 1e-320}}
+    r = admin.post("/v1/datasets", json=narrow)
+    assert r.status_code == 422 and "narrower than the mechanisms" in r.text, r.text
+    r = admin.post("/v1/mechanisms/preview", json={"mechanism": "laplace", "epsilon": 1,
+                   "values": [0, 1e-320], "prior": [0.5, 0.5]})  # fmt: skip
+    assert r.status_code == 422 and "narrower than" in r.json()["message"], r.text
     preview = {"mechanism": "exponential", "epsilon": 1, "values": [0, 1e300],
                "prior": [0.5, 0.5]}  # fmt: skip
     r = admin.post("/v1/mechanisms/preview", json=preview)

@@ -572,6 +572,21 @@ def test_degenerate_bounds_are_refused() -> None:
 
 
 @pytest.mark.parametrize("name", ["laplace", "staircase", "exponential"])
+@pytest.mark.parametrize("width", [1e-320, 5e-324, 1e-304])
+def test_a_domain_too_narrow_for_the_lattice_is_refused(name: str, width: float) -> None:
+    """A lattice step h = (max − min)/2¹⁶ that underflowed to 0 mapped min to NaN
+    and max to min: every label released exactly, at any ε (helper-86)."""
+    half = np.array([0.5, 0.5])
+    with pytest.raises(MechanismError, match="narrower than these mechanisms randomize on"):
+        fit(name, epsilon=1e-3, values=np.array([0.0, width]), prior=half, domain=(0.0, width))
+    top = 2e-303  # 2¹⁶ steps of normal floats
+    mech = fit(name, epsilon=1.0, values=np.array([0.0, top]), prior=half, domain=(0.0, top))
+    out = mech.sample(np.repeat([0.0, top], 500), rng=np.random.default_rng(0))
+    assert np.all(np.isfinite(out))
+    assert len(set(out[:500].tolist())) > 1 and len(set(out[500:].tolist())) > 1  # noisy
+
+
+@pytest.mark.parametrize("name", ["laplace", "staircase", "exponential"])
 def test_labels_outside_the_domain_are_refused_without_echoing_them(name: str) -> None:
     mech = _fit(name, 1.0, {})
     with pytest.raises(MechanismError, match="bounds") as info:
