@@ -9,8 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from feature_party.training.losses import CLASSIFICATION_LOSSES, LossName
 from shared.protocol import Id
 
+#: Most GPUs a job may ask for (as many as ``processes``). Unbounded, 2⁶³ was a 500
+#: where the job's ``gpus`` column is written, and 2³² a job no worker could claim
+#: (helper-86); an LP-MST run paid its first stage before failing on it.
+MAX_GPUS = 64
 #: A number of GPUs is a JSON integer ≥ 1 (strict: ``true`` and ``"2"`` are refused).
-Device = Literal["auto", "cpu", "cuda"] | Annotated[StrictInt, Field(ge=1)]
+Device = Literal["auto", "cpu", "cuda"] | Annotated[StrictInt, Field(ge=1, le=MAX_GPUS)]
 
 
 def gpus_needed(device: object) -> int:

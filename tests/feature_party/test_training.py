@@ -326,6 +326,10 @@ def test_config_validation() -> None:
         TrainingConfig(mixup_alpha=0.2)
     assert TrainingConfig(device=4).world_size == 4
     assert TrainingConfig(device="cpu", processes=2).world_size == 2
+    assert TrainingConfig(device=64).world_size == 64
+    for gpus in (65, 2**32, 2**63):  # 2**63: a 500 writing the job's gpus (helper-86)
+        with pytest.raises(ValueError, match="less than or equal to 64"):
+            TrainingConfig.model_validate_json(f'{{"device": {gpus}}}')
 
 
 def test_a_loss_left_out_follows_the_task_and_a_task_the_loss() -> None:
