@@ -490,7 +490,9 @@ class LabelsPartyClient:
         response = self._request(method, path, **kwargs)
         try:
             return response.json() if response.content else None
-        except ValueError:  # a proxy's HTML page, say: the labels party's fault, not ours
+        # A proxy's HTML page, say, or JSON nested past Python's recursion limit
+        # (a 500 before; helper-86): the labels party's fault, not ours.
+        except (ValueError, RecursionError):
             raise LabelsPartyError(
                 f"{method} {path}: the answer ({response.status_code}) is not JSON"
             ) from None
@@ -606,8 +608,8 @@ class LabelsPartyClient:
     @staticmethod
     def _raise_for(response: httpx.Response) -> None:
         try:
-            body = response.json()
-        except ValueError:
+            body = _without_surrogates(response.json())
+        except (ValueError, RecursionError):
             body = {}
         if not isinstance(body, dict):
             body = {}
@@ -631,6 +633,19 @@ class LabelsPartyClient:
                 failure=None if status in UNAVAILABLE_STATUSES else answer,
             )
         raise answer
+
+
+def _without_surrogates(value: Any) -> Any:
+    """``value`` with each lone surrogate (JSON's ``"\ud800"``) in its texts made
+    ``?``: relayed in the features party's own answer, one failed to encode, and
+    the request was answered as if its own text were not Unicode (helper-86)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, list):
+        return [_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 #: Answers that say the labels party (or a proxy before it) cannot serve now;

@@ -151,6 +151,33 @@ def test_an_answer_of_the_wrong_shape_is_the_labels_party_s_error(tmp_path: Path
         assert "sha256" in str(bad.value)  # every missing field named
 
 
+def test_deeply_nested_or_unencodable_answers_are_the_labels_party_s_error() -> None:
+    """JSON nested past Python's recursion limit was a 500 at the features party,
+    and a lone surrogate in a refusal's message failed to encode in its answer,
+    read as the request's own fault (helper-86)."""
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+
+    app = FastAPI()
+
+    @app.get("/v1/releases/{release_id}")
+    def deep(release_id: str) -> Response:
+        return Response("[" * 100_000, media_type="application/json")
+
+    @app.post("/v1/datasets/{dataset_id}/releases")
+    def refused(dataset_id: str) -> Response:
+        body = '{"error": "conflict", "message": "a \\ud800 b", "detail": ["\\udfff"]}'
+        return Response(body, status_code=409, media_type="application/json")
+
+    with serve_app(app) as url, make(url) as c:
+        with pytest.raises(LabelsPartyError, match="not JSON"):
+            c.get_release("r")
+        with pytest.raises(LabelsPartyHTTPError) as caught:
+            c.create_release("ds", REQUEST)
+        assert (caught.value.message, caught.value.detail) == ("a ? b", ["?"])
+        caught.value.message.encode("utf-8")  # answerable
+
+
 def test_a_manifest_s_sha256_must_be_a_hash_and_an_empty_one_is_checked(
     tmp_path: Path, fake: FakeLabelsParty
 ) -> None:
