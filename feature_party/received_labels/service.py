@@ -328,7 +328,14 @@ def _store(
             f"the release holds {labels.num_rows} rows, the manifest says {manifest.num_labels}",
             manifest.id,
         )
-    if pc.count_distinct(labels.column("example_id")).as_py() != labels.num_rows:
+    ids, values = labels.column("example_id"), labels.column("label")
+    # Named for what they are: a null id read as "repeats example_ids", and a NaN or
+    # infinite label was stored, to train on (helper-86).
+    if ids.null_count:
+        raise _integrity(f"the release has {ids.null_count} null example_ids", manifest.id)
+    if values.null_count or pc.all(pc.is_finite(values)).as_py() is False:
+        raise _integrity("the release's labels include a null, NaN or infinite one", manifest.id)
+    if pc.count_distinct(ids).as_py() != labels.num_rows:
         raise _integrity("the release repeats example_ids", manifest.id)
     matched, unmatched = count_join(settings.data_dir / feature_set.path, labels)
     if matched == 0:

@@ -1037,6 +1037,19 @@ def test_a_release_is_read_by_its_two_columns_and_its_labels_must_be_numbers(
     r = receive(client, labels_party, fs["id"], release=release)
     assert r.status_code == 502 and r.json()["error"] == "release_integrity_error", r.text
     assert "not numbers" in r.json()["message"]
+    # A null id was "repeats example_ids"; NaN and infinite labels were stored (helper-86).
+    for n, (column, values, says) in enumerate([
+        ("example_id", [None, *ids[1:]], "1 null example_ids"),
+        ("label", [float("nan")] + [1.0] * 19, "null, NaN or infinite"),
+        ("label", [float("-inf")] + [1.0] * 19, "null, NaN or infinite"),
+        ("label", [None] + [1.0] * 19, "null, NaN or infinite"),
+    ]):  # fmt: skip
+        table = {"example_id": ids, "label": [1.0] * 20, column: values}
+        labels_party.labels = parquet_bytes(pa.table(table))
+        release = {**release, "idempotency_key": f"odd-{n}"}
+        r = receive(client, labels_party, fs["id"], release=release)
+        assert r.status_code == 502 and r.json()["error"] == "release_integrity_error", r.text
+        assert says in r.json()["message"]
 
 
 def test_model_import_refuses_odd_ids_and_odd_answers(client: httpx.Client) -> None:
