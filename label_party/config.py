@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     #: Seconds a preview's fit may run (the unbiased LP takes minutes past a few
     #: thousand values): 422 beyond, and the slot is free again.
     preview_seconds: Seconds = 30.0
+    #: Seconds a release's fit to the uniform prior may run (its free check, before
+    #: anything is reserved); beyond, 422 and nothing spent.
+    release_fit_seconds: Seconds = 600.0
     #: Requests answered at once (503 ``overloaded`` beyond); the thread pool gets
     #: as many threads (``shared.overload``).
     max_concurrent_requests: int = Field(default=100, ge=1, le=10_000)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -41,6 +42,7 @@ from label_party.labels.validation import LABELS_SCHEMA
 from label_party.mechanisms import rounding
 from label_party.mechanisms.base import (
     FiniteMechanism,
+    FitTimeLimitError,
     Loss,
     Mechanism,
     MechanismError,
@@ -121,7 +123,9 @@ def reads_prior(plan: ReleasePlan) -> bool:
     return uses_prior(plan.mechanism, loss=plan.loss, epsilon=float(epsilon))
 
 
-def preflight(plan: ReleasePlan, num_labels: int) -> ReleasePlan:
+def preflight(
+    plan: ReleasePlan, num_labels: int, *, fit_seconds: float | None = None
+) -> ReleasePlan:
     """Fit the mechanism to a uniform prior, before any label is read or any ε is
     reserved: an option it refuses, or a fit that fails whatever the labels, is a
     free refusal here. After the reservation every failure is charged
@@ -129,7 +133,12 @@ def preflight(plan: ReleasePlan, num_labels: int) -> ReleasePlan:
     labels. The fit is at the release's own ε₂, so a label-independent failure is
     never charged; ``plan`` is returned with its prior's ε fixed (the default split
     for ``num_labels`` labels in scope, a label-independent count). Results are
-    cached: a release repeating a configuration pays for its fit once."""
+    cached: a release repeating a configuration pays for its fit once.
+
+    ``fit_seconds`` (``LABELDP_RELEASE_FIT_SECONDS``) bounds the fit: past it the
+    release is refused, free, and nothing is cached (the time depends on the load).
+    Unbounded, an unbiased LP of mesh 65,536 ran for more than 12 minutes, and its
+    locked fit would then have held SQLite's write lock as long (helper-86)."""
     if num_labels == 0:
         raise InvalidRequestError("the release's scope holds no labelled examples")
     if prior_source(plan) == "example":
@@ -138,13 +147,20 @@ def preflight(plan: ReleasePlan, num_labels: int) -> ReleasePlan:
         plan = replace(plan, prior_epsilon=prior_split(plan, plan.domain.grid().size, num_labels))
     epsilon = plan.epsilon - (plan.prior_epsilon or 0)
     params = {k: v for k, v in plan.params.items() if k not in ("prior_source", "prior_id")}
-    problem = _uniform_fit_problem(
-        plan.mechanism,
-        json.dumps(params, sort_keys=True, default=str),
-        str(epsilon),
-        plan.domain.model_dump_json(),
-        plan.loss,
-    )
+    try:
+        problem = _uniform_fit_problem(
+            plan.mechanism,
+            json.dumps(params, sort_keys=True, default=str),
+            str(epsilon),
+            plan.domain.model_dump_json(),
+            plan.loss,
+            fit_seconds,
+        )
+    except FitTimeLimitError:
+        raise InvalidRequestError(
+            f"fitting {plan.mechanism} on this domain takes longer than {fit_seconds:g} s "
+            "(LABELDP_RELEASE_FIT_SECONDS): choose a coarser mesh or another mechanism"
+        ) from None
     if problem is not None:
         raise InvalidRequestError(problem)
     return plan
@@ -172,9 +188,10 @@ def _parse_domain_json(text: str) -> RegressionDomain | ClassificationDomain:
 
 @functools.lru_cache(maxsize=256)
 def _uniform_fit_problem(
-    mechanism: str, params: str, epsilon: str, domain: str, loss: Loss
+    mechanism: str, params: str, epsilon: str, domain: str, loss: Loss, seconds: float | None
 ) -> str | None:
-    """Why ``mechanism`` cannot be fitted to a uniform prior, or ``None``."""
+    """Why ``mechanism`` cannot be fitted to a uniform prior, or ``None``;
+    :class:`FitTimeLimitError` (not cached) past ``seconds``."""
     parsed = _parse_domain_json(domain)
     grid = parsed.grid()
     bounds = (parsed.min, parsed.max) if isinstance(parsed, RegressionDomain) else None
@@ -187,7 +204,10 @@ def _uniform_fit_problem(
             loss=loss,
             domain=bounds,
             params=json.loads(params),
+            deadline=None if seconds is None else time.monotonic() + seconds,
         )
+    except FitTimeLimitError:
+        raise
     except MechanismError as exc:
         return str(exc)
     try:

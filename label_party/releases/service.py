@@ -255,7 +255,7 @@ def _precheck(
         # head start is off, and the locked path, which reads the row anew, decides.
         return
     if ledger.affordable(session, dataset, scope.cost):
-        preflight(scope.plan, scope.in_scope)
+        preflight(scope.plan, scope.in_scope, fit_seconds=settings.release_fit_seconds)
 
 
 def create(
@@ -302,7 +302,7 @@ def create(
     # Before the fit: a request the budget cannot afford costs no work under the lock.
     ledger.refuse_unless_affordable(session, principal, dataset, scope.cost, what="release")
     priors = _example_priors(session, settings, principal, dataset, scope.plan)
-    plan = preflight(scope.plan, in_scope)
+    plan = preflight(scope.plan, in_scope, fit_seconds=settings.release_fit_seconds)
     with room.promised(settings, labels_path(settings, dataset), in_scope):
         entry = ledger.reserve(session, principal, dataset, scope.cost)
         rng, prior_rng = _generators(settings, session, dataset)

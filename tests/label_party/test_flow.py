@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
@@ -735,3 +736,20 @@ def test_a_domain_larger_than_the_operator_allows_names_the_setting(server: Serv
     )
     with pytest.raises(ValidationError, match="less than or equal to 100000"):
         Settings(mode="dev", max_grid_size=100_001)
+
+
+def test_a_release_whose_fit_runs_past_its_time_is_refused_for_free(
+    make_server: Callable[..., Server],
+) -> None:
+    """The fit had no time limit: an unbiased LP of mesh 65,536 ran for more than
+    12 minutes, and its locked fit would have held SQLite's write lock as long
+    (helper-86). Its free check stops at LABELDP_RELEASE_FIT_SECONDS."""
+    admin = make_server(LABELDP_RELEASE_FIT_SECONDS="1").start().client()
+    ds = create_dataset(admin, domain={"min": 0, "max": 1000, "step": 1})
+    assert upload_labels(admin, ds, ["a", "b"], [1.0, 2.0]).status_code == 200
+    started = time.monotonic()
+    r = release(admin, ds, 1, mechanism={"name": "unbiased", "mesh": 65536})
+    assert r.status_code == 422 and "LABELDP_RELEASE_FIT_SECONDS" in r.json()["message"], r.text
+    assert time.monotonic() - started < 120
+    assert admin.get(f"/v1/datasets/{ds}/budget").json()["epsilon_spent"] == 0
+    assert release(admin, ds, 1).status_code == 201  # the dataset is not held

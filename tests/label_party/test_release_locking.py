@@ -42,10 +42,10 @@ def _watch_preflight(
     calls: list[int] = []
     original = service.preflight
 
-    def watched(plan: Any, num_labels: int) -> Any:
+    def watched(plan: Any, num_labels: int, **options: Any) -> Any:
         calls.append(num_labels)
         during()
-        return original(plan, num_labels)
+        return original(plan, num_labels, **options)
 
     monkeypatch.setattr(service, "preflight", watched)
     return calls
