@@ -51,10 +51,10 @@ async def in_worker_thread(work: Callable[[], T]) -> T:
 
 
 async def in_dataset_queue(request: Request, dataset_id: str, work: Callable[[], T]) -> T:
-    """:func:`in_worker_thread` for work that locks the dataset's row to spend its
-    budget (a release, a training), one request of this process a dataset at a
-    time. The others wait in the event loop, holding neither a worker thread nor a
-    pooled connection: 90 releases queued on one dataset's ``FOR UPDATE`` each held a
+    """:func:`in_worker_thread` for a release, which locks the dataset's row to
+    spend its budget: one release of this process a dataset at a time. The others
+    wait in the event loop, holding neither a worker thread nor a pooled
+    connection: 90 releases queued on one dataset's ``FOR UPDATE`` each held a
     connection, until the pool's 70 were gone and every other dataset's requests,
     authentication included, waited 19–26 s or were answered 503 (helper-85).
     Other processes are still serialized by the row lock itself."""
