@@ -31,6 +31,7 @@ older than :data:`TRAININGS_GRACE_SECONDS`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import time
@@ -285,7 +286,13 @@ def _delete_replaced_labels(
             try:
                 path.unlink()
             except OSError as exc:  # kept, and its row, for the next start
-                logger.error("replaced labels not deleted", exc_info=exc)
+                # The errno and the dataset, not the text: the file's name is a hash
+                # of the labels (DESIGN.md §3.1).
+                fields = {
+                    "dataset_id": row.dataset_id,
+                    "errno": errno.errorcode.get(exc.errno or 0),
+                }
+                logger.error("replaced labels not deleted", extra={"fields": fields})
                 continue
             deleted += 1
         session.delete(row)
